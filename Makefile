@@ -1,0 +1,30 @@
+# The two commands of the README. Both set up what is missing first (idempotent, cached).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export VLLM_API_KEY ?= $(shell cat .cache/lab-api-key 2>/dev/null)
+
+.PHONY: setup demo test unit lint lab-down clean
+
+$(VENV)/.installed: pyproject.toml
+	@bash scripts/setup.sh
+	@touch $@
+
+setup: $(VENV)/.installed
+
+# Boot 2 lab hosts, make the tiny model, deploy the CPU build of vLLM, print the smoke table.
+demo: setup
+	@bash scripts/demo.sh
+
+# The whole test suite: pure core, captured nvidia-smi outputs, real lab hosts and a real vLLM.
+test: setup
+	@bash scripts/test.sh
+
+unit: setup
+	$(VENV)/bin/pytest -q tests/unit tests/facts
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+lab-down:
+	$(VENV)/bin/vllm-fleet lab down

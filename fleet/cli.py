@@ -1,0 +1,64 @@
+"""`vllm-fleet` command line: thin dispatch onto the modules that do the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _lab(args: argparse.Namespace) -> int:
+    from fleet import lab
+
+    try:
+        if args.lab_cmd == "up":
+            lab.up(args.count)
+        elif args.lab_cmd == "down":
+            lab.down()
+        elif args.lab_cmd == "rootfs":
+            lab.preflight()
+            lab.build_rootfs()
+        elif args.lab_cmd == "halt":
+            lab.halt(lab.LabHost(int(args.name.removeprefix("lab"))))
+    except lab.LabError as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fleet.lab_inventory import TINY_MODEL
+    from fleet.tinymodel import make_tiny_model
+
+    dest = make_tiny_model(Path(args.dest) if args.dest else TINY_MODEL)
+    print(dest)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    lab_p = sub.add_parser("lab", help="local systemd hosts for the demo and the tests")
+    lab_sub = lab_p.add_subparsers(dest="lab_cmd", required=True)
+    up = lab_sub.add_parser("up", help="boot N lab hosts (idempotent)")
+    up.add_argument("count", type=int, nargs="?", default=2)
+    lab_sub.add_parser("down", help="remove every lab host and what it made")
+    lab_sub.add_parser("rootfs", help="build the cached root file system only")
+    halt = lab_sub.add_parser("halt", help="power a lab host off, keeping its disk")
+    halt.add_argument("name")
+    lab_p.set_defaults(func=_lab)
+
+    model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
+    model_sub = model_p.add_subparsers(dest="model_cmd", required=True)
+    tiny = model_sub.add_parser("tiny", help="write the tiny Llama test model")
+    tiny.add_argument("dest", nargs="?")
+    model_p.set_defaults(func=_model)
+
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

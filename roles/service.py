@@ -1,0 +1,27 @@
+"""Config, env file and unit for one instance; restart only when one of them (or the release) changed."""
+
+from __future__ import annotations
+
+import os
+from io import StringIO
+
+from pyinfra.operations import files, systemd
+from pyinfra.operations.util import any_changed
+
+from fleet import render
+from fleet.plan import HostPlan, InstancePlan
+from roles.ops import Secret, secret_file
+
+
+def configure(plan: HostPlan, inst: InstancePlan, also_changed: list) -> None:
+    config = files.put(name=f"serve config {inst.config_path}", src=StringIO(render.serve_config(plan, inst)),
+                       dest=inst.config_path, user="root", group="root", mode="644")
+    env = secret_file(name=f"env file {inst.env_path} (0600)", dest=inst.env_path,
+                      content=Secret(render.env_file(inst, os.environ)))
+    unit = files.put(name=f"unit {inst.unit}", src=StringIO(render.unit(plan, inst)),
+                     dest=f"/etc/systemd/system/{inst.unit}", user="root", group="root", mode="644")
+    changed = any_changed(config, env, unit, *[op for op in also_changed if op is not None])
+    systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    systemd.service(name=f"enable {inst.unit}", service=inst.unit, enabled=True)
+    systemd.service(name=f"restart {inst.unit} (changed)", service=inst.unit, restarted=True, _if=changed)
+    systemd.service(name=f"{inst.unit} running", service=inst.unit, running=True)

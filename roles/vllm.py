@@ -1,0 +1,96 @@
+"""The vLLM deploy: validate the whole inventory, plan each host from its facts, apply, smoke-test.
+
+pyinfra runs this once per host while collecting operations, before executing any of them; the
+inventory-wide validation runs on the first call, so a bad value on the last host stops the deploy
+before the first host is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, inventory, logger
+from pyinfra.api.exceptions import PyinfraError
+
+from fleet.plan import HostFacts, HostPlan, plan_host
+from fleet.spec import HostSpec, SpecError, parse_inventory
+from roles import install, model, service
+from roles.facts import VllmHost
+from roles.smoke import smoke_op
+
+
+class Refused(PyinfraError):
+    """Bad input or an unfit host: pyinfra prints the message without a traceback and exits non-zero."""
+
+
+_SPECS: dict[str, HostSpec] | None = None
+
+
+def inventory_specs() -> dict[str, HostSpec]:
+    global _SPECS
+    if _SPECS is None:
+        try:
+            _SPECS = parse_inventory(
+                (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
+            )
+        except SpecError as e:
+            raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+    return _SPECS
+
+
+def _model_configs(spec: HostSpec) -> dict[str, dict[str, Any]]:
+    """config.json of staged models, read on the controller (heads for the tensor-parallel rule)."""
+    out = {}
+    for inst in spec.instances:
+        if inst.model.path:
+            cfg = Path(inst.model.path) / "config.json"
+            if not cfg.exists():
+                raise Refused(f"{host.name}: vllm.instances[{inst.name}].model.path: {cfg} does not exist "
+                              "on the controller")
+            out[inst.name] = json.loads(cfg.read_text())
+    return out
+
+
+def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
+    vh = host.get_fact(VllmHost)
+    gpus: tuple = ()
+    driver = problem = None
+    if spec.accelerator == "cuda":
+        from roles.nvidia_facts import NvidiaGpus
+
+        nv = host.get_fact(NvidiaGpus)
+        gpus, driver, problem = tuple(nv["gpus"]), nv["driver"], nv["problem"]
+    return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
+                     cpu_flags=frozenset(vh["cpu_flags"])), vh
+
+
+def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
+    spec = inventory_specs()[host.name]
+    facts, vh = host_facts(spec)
+    try:
+        plan = plan_host(host.name, spec, facts, os.environ, _model_configs(spec))
+    except SpecError as e:
+        raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+    for w in plan.warnings:
+        logger.warning(w)
+    return plan, vh
+
+
+def deploy_vllm() -> None:
+    plan, vh = plan_this_host()
+    install.base()
+    install.release(plan, vh["releases"])
+    switched = install.switch(plan, vh["current"])
+    for inst in plan.instances:
+        staged = model.stage(inst)
+        service.configure(plan, inst, also_changed=[switched, *staged])
+        smoke_op(plan, inst)
+
+
+def smoke_only() -> None:
+    plan, _ = plan_this_host()
+    for inst in plan.instances:
+        smoke_op(plan, inst, wait=False)

@@ -1,0 +1,10 @@
+# Sourced by the demo and the tests: the lab's API key lives only in the controller's environment.
+# A person's own VLLM_API_KEY wins; otherwise one is generated once and kept 0600 in .cache/.
+if [ -z "${VLLM_API_KEY:-}" ]; then
+  mkdir -p .cache
+  if [ ! -s .cache/lab-api-key ]; then
+    (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > .cache/lab-api-key)
+  fi
+  VLLM_API_KEY=$(cat .cache/lab-api-key)
+  export VLLM_API_KEY
+fi

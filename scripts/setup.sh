@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install what the controller needs: Debian tools for the lab, and the project in a venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+need=()
+for pair in debootstrap:debootstrap systemd-nspawn:systemd-container ssh:openssh-client \
+            ssh-keygen:openssh-client ip:iproute2 zstd:zstd systemd-analyze:systemd; do
+  command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: missing tools; as root run: apt-get install -y ${need[*]}" >&2; exit 2
+  fi
+  echo "setup: apt-get install ${need[*]}"
+  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+echo "setup: done in $((SECONDS - t0)) s"
