@@ -195,6 +195,16 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
     )
 
 
+def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -> list[str]:
+    """Secrets are read from the controller's environment; a missing one is refused by its name."""
+    return [
+        f"{host}: vllm.instances[{inst.name}]: {ctl_var} is not set (or empty) in the controller's "
+        f"environment; export it before deploying (it becomes {host_var} on the host)"
+        for host_var, ctl_var in (("VLLM_API_KEY", inst.api_key_env), ("HF_TOKEN", inst.hf_token_env))
+        if ctl_var and not environ.get(ctl_var)
+    ]
+
+
 def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFacts,
                    environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
                    taken: set[int], warnings: list[str]) -> InstancePlan:
@@ -202,14 +212,9 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     f = inst.flags
     problems = []
 
-    secret_env: dict[str, str] = {}
-    for host_var, ctl_var in (("VLLM_API_KEY", inst.api_key_env), ("HF_TOKEN", inst.hf_token_env)):
-        if ctl_var is None:
-            continue
-        if not environ.get(ctl_var):
-            problems.append(f"{where}: {ctl_var} is not set (or empty) in the controller's environment; "
-                            f"export it before deploying (it becomes {host_var} on the host)")
-        secret_env[host_var] = ctl_var
+    secret_env = {host_var: ctl_var for host_var, ctl_var in
+                  (("VLLM_API_KEY", inst.api_key_env), ("HF_TOKEN", inst.hf_token_env)) if ctl_var}
+    problems.extend(missing_secrets(host, inst, environ))
     if inst.api_key_env is None and not _is_loopback(f.host) and not inst.port_protected_elsewhere:
         problems.append(f"{where}.flags.host: {f.host} is reachable from the network and no API key is set; "
                         "set api_key_env, bind 127.0.0.1, or set port_protected_elsewhere: true")

@@ -63,7 +63,8 @@ class InstanceSpec(BaseModel):
     # GPUs this instance gets: a count (the first N free ones) or explicit indexes; None = all of them.
     gpus: int | list[int] | None = None
     flags: ServeFlags = Field(default_factory=ServeFlags)
-    api_key_env: str = Field("VLLM_API_KEY", pattern=ENV_NAME)
+    # None: no key at all (refused on a non-loopback bind unless port_protected_elsewhere).
+    api_key_env: str | None = Field("VLLM_API_KEY", pattern=ENV_NAME)
     hf_token_env: str | None = Field(None, pattern=ENV_NAME)
     # Non-secret environment for the unit (VLLM_* tuning, proxies). Secrets go through *_env names.
     env: dict[str, str] = Field(default_factory=dict)

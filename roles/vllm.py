@@ -15,7 +15,7 @@ from typing import Any
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
 
-from fleet.plan import HostFacts, HostPlan, plan_host
+from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, parse_inventory
 from roles import install, model, service
 from roles.facts import VllmHost
@@ -33,11 +33,16 @@ def inventory_specs() -> dict[str, HostSpec]:
     global _SPECS
     if _SPECS is None:
         try:
-            _SPECS = parse_inventory(
+            specs = parse_inventory(
                 (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
             )
         except SpecError as e:
             raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+        missing = [p for name, spec in specs.items() for inst in spec.instances
+                   for p in missing_secrets(name, inst, os.environ)]
+        if missing:
+            raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
+        _SPECS = specs
     return _SPECS
 
 

@@ -1,0 +1,120 @@
+"""Real lab hosts for the whole session: booted once, deployed once, shared by every lab test.
+
+These tests talk to real systemd hosts over real SSH and to a real vLLM (CPU build) serving the tiny
+model made locally. They need root and the lab's tools; `make test` installs both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fleet import lab
+from fleet.lab_inventory import TINY_MODEL
+from fleet.tinymodel import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+INVENTORY = str(Path(__file__).with_name("inventory.py"))
+
+
+@dataclass
+class Run:
+    rc: int
+    output: str
+    smoke: list[dict]
+
+    def op_rows(self) -> dict[str, tuple[str, str, str, str]]:
+        """pyinfra's results table: op name -> (hosts, success, error, no change)."""
+        rows = {}
+        block = self.output.split("--> Results:", 1)[-1]
+        for line in block.splitlines():
+            m = re.match(r"^\s{4}(.+?)\s{2,}(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", line)
+            if m and m.group(1) != "Operation":
+                rows[m.group(1).strip()] = m.groups()[1:]
+        return rows
+
+    def changed_ops(self) -> list[str]:
+        return [name for name, (_, ok, _, _) in self.op_rows().items()
+                if ok != "-" and name != "Grand total" and not name.startswith("smoke test")]
+
+
+def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
+           env: dict | None = None, unset: tuple[str, ...] = (), extra: tuple[str, ...] = (),
+           limit: str | None = None, timeout: int = 1500) -> Run:
+    e = {**os.environ, **(env or {})}
+    for k in unset:
+        e.pop(k, None)
+    e["VLLM_FLEET_TEST_OVERRIDES"] = json.dumps(overrides or {})
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
+        smoke_json = tf.name
+    Path(smoke_json).unlink()
+    e["VLLM_FLEET_SMOKE_JSON"] = smoke_json
+    cmd = [PYINFRA, "-y", *extra, INVENTORY, deploy_file]
+    if limit:
+        cmd[2:2] = ["--limit", limit]
+    proc = subprocess.run(cmd, cwd=ROOT, env=e, text=True, capture_output=True, timeout=timeout)
+    smoke = json.loads(Path(smoke_json).read_text()) if Path(smoke_json).exists() else []
+    Path(smoke_json).unlink(missing_ok=True)
+    return Run(proc.returncode, proc.stdout + proc.stderr, smoke)
+
+
+def on(host: str, command: str) -> str:
+    out = lab.ssh(lab.LabHost(int(host.removeprefix("lab"))), command, timeout=60)
+    return out.stdout
+
+
+def api_get(host: str, path: str, instance: str = "default", port: int = 8000) -> tuple[int, str]:
+    """GET on the host's loopback with the key read from its env file, so the key is in no argv."""
+    script = (
+        "import sys, urllib.request, urllib.error\n"
+        f"env = dict(l.split('=', 1) for l in open('/etc/vllm/{instance}.env') if '=' in l)\n"
+        "key = env['VLLM_API_KEY'].strip().strip(chr(34))\n"
+        f"req = urllib.request.Request('http://127.0.0.1:{port}{path}', "
+        "headers={'Authorization': 'Bearer ' + key})\n"
+        "try:\n    r = urllib.request.urlopen(req, timeout=30); print(r.status); print(r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
+    )
+    out = on(host, "python3 - <<'PY'\n" + script + "PY")
+    status, _, body = out.partition("\n")
+    return int(status or 0), body
+
+
+def unit_props(host: str, unit: str = "vllm-default.service") -> dict[str, str]:
+    text = on(host, f"systemctl show {unit} -p ActiveState -p MainPID -p ActiveEnterTimestampMonotonic")
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def host_files_digest(host: str) -> str:
+    """Hashes of everything a deploy writes, to prove a refused deploy changed nothing."""
+    return on(host, "find /etc/vllm /etc/systemd/system /opt/vllm /var/lib/vllm -maxdepth 3 "
+                    "\\( -type f -o -type l \\) -not -path '*/releases/*' 2>/dev/null | sort | "
+                    "xargs -r sha256sum; readlink /opt/vllm/current")
+
+
+@pytest.fixture(scope="session")
+def lab_hosts():
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root (systemd-nspawn)")
+    booted_here = not lab.read_state()
+    hosts = lab.up(2)
+    make_tiny_model(TINY_MODEL)
+    yield [h.name for h in hosts]
+    if booted_here and os.environ.get("CI") and not os.environ.get("VLLM_FLEET_KEEP_LAB"):
+        lab.down()
+
+
+@pytest.fixture(scope="session")
+def deployed(lab_hosts):
+    """The first deploy of the session (a full install on fresh hosts)."""
+    run = deploy()
+    assert run.rc == 0, run.output[-6000:]
+    return run

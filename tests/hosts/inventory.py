@@ -1,0 +1,10 @@
+"""The lab inventory with per-test overrides (VLLM_FLEET_TEST_OVERRIDES: {"lab2": {...vllm...}})."""
+
+import json
+import os
+
+from fleet.lab_inventory import lab_hosts
+from fleet.spec import deep_merge
+
+_over = json.loads(os.environ.get("VLLM_FLEET_TEST_OVERRIDES", "{}"))
+lab = [(name, {**data, "vllm": deep_merge(data["vllm"], _over.get(name, {}))}) for name, data in lab_hosts()]

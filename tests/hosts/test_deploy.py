@@ -1,0 +1,59 @@
+"""Issue 2's proof on real hosts: deploy, idempotent rerun, a changed flag, a refused deploy."""
+
+from __future__ import annotations
+
+import json
+
+from tests.hosts.conftest import api_get, deploy, host_files_digest, on, unit_props
+
+
+def test_first_deploy_serves_on_both_hosts(deployed, lab_hosts):
+    assert sorted(r["host"] for r in deployed.smoke) == ["lab1", "lab2"]
+    for r in deployed.smoke:
+        assert r["ok"], r
+        names = {c["name"]: c for c in r["checks"]}
+        assert set(names) == {"health", "models", "completion", "no-key-401"}
+        assert names["completion"]["detail"] == "4 tokens"
+    for h in lab_hosts:
+        assert unit_props(h)["ActiveState"] == "active"
+        assert on(h, "readlink /opt/vllm/current").strip() == "releases/0.32.0-cpu"
+        assert on(h, "stat -c %a:%U /etc/vllm/default.env").strip() == "600:root"
+    assert "HOST" in deployed.output and "tiny-llama" in deployed.output
+
+
+def test_rerun_changes_nothing_and_restarts_nothing(deployed, lab_hosts):
+    before = {h: unit_props(h) for h in lab_hosts}
+    run = deploy()
+    assert run.rc == 0, run.output[-4000:]
+    assert run.changed_ops() == [], run.changed_ops()
+    after = {h: unit_props(h) for h in lab_hosts}
+    for h in lab_hosts:
+        assert after[h]["MainPID"] == before[h]["MainPID"]
+        assert after[h]["ActiveEnterTimestampMonotonic"] == before[h]["ActiveEnterTimestampMonotonic"]
+    assert all(r["ok"] for r in run.smoke)
+
+
+def test_missing_api_key_is_refused_before_any_host_is_touched(deployed, lab_hosts):
+    before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in lab_hosts}
+    run = deploy(unset=("VLLM_API_KEY",))
+    assert run.rc != 0
+    assert "VLLM_API_KEY is not set" in run.output
+    assert "lab1" in run.output and "nothing was changed" in run.output
+    assert "Beginning operation run" not in run.output
+    for h in lab_hosts:
+        assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]
+
+
+def test_changed_flag_restarts_only_that_host_and_is_live(deployed, lab_hosts):
+    before = {h: unit_props(h) for h in lab_hosts}
+    run = deploy(overrides={"lab2": {"flags": {"max_model_len": 384}}})
+    assert run.rc == 0, run.output[-4000:]
+    after = {h: unit_props(h) for h in lab_hosts}
+    assert after["lab1"]["MainPID"] == before["lab1"]["MainPID"]
+    assert after["lab2"]["MainPID"] != before["lab2"]["MainPID"]
+    assert "max-model-len: 384" in on("lab2", "cat /etc/vllm/default.yaml")
+    # live: the running server reports the new context length through its API
+    status, body = api_get("lab2", "/v1/models")
+    assert status == 200
+    assert json.loads(body)["data"][0]["max_model_len"] == 384
+    assert "max-model-len: 512" in on("lab1", "cat /etc/vllm/default.yaml")
