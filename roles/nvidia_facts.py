@@ -1,0 +1,204 @@
+"""pyinfra facts for a host's NVIDIA GPUs and driver: one shell command each, parsed by ``fleet.gpus``.
+
+Why the facts never fail: a host without a driver, with a driver/library mismatch or with no visible GPU is
+an answer the plan must explain (with the host's name and what to do), not a pyinfra error that stops the
+run. So the command always exits 0, folds stderr into stdout (``2>&1``), frames each part between markers
+with its exit status, and ``process`` turns error text into a problem. ``requires_command`` is not used
+for the same reason: pyinfra would return the bare default for a host without nvidia-smi, and the plan
+could not tell "no driver" from "not looked at".
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from fleet.gpus import (
+    MIG_FIELD,
+    NO_DRIVER,
+    OLD_NVIDIA_SMI,
+    QUERY_FIELDS,
+    QUERY_FIELDS_NO_CC,
+    SMI_FAILED,
+    UNKNOWN_GPU,
+    DriverVersion,
+    NvidiaOutputError,
+    NvidiaProblem,
+    UnknownGpuError,
+    classify_nvidia_error,
+    mig_problem,
+    parse_driver_version,
+    parse_query_csv,
+)
+
+MARK = "@@fleet"
+# Tried in order until nvidia-smi stops answering 'Field "..." is not a valid field to query.':
+# compute_cap needs about R510, mig.mode.current R450; the last form works on any nvidia-smi.
+FIELD_SETS = (f"{QUERY_FIELDS},{MIG_FIELD}", f"{QUERY_FIELDS_NO_CC},{MIG_FIELD}", QUERY_FIELDS_NO_CC)
+
+
+def _driver_sh(proc_version_path: str, modinfo_command: str) -> str:
+    """Shell printing the driver section: nvidia-smi's answer, else the loaded module's /proc file, else
+    ``modinfo nvidia`` (the module on disk: all there is when the module does not load)."""
+    proc, modinfo = shlex.quote(proc_version_path), shlex.quote(modinfo_command)
+    return (
+        "if command -v nvidia-smi >/dev/null 2>&1 && "
+        "out=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); then src=nvidia-smi; "
+        f"elif out=$(cat {proc} 2>&1); then src=proc; "
+        f"elif out=$({modinfo} nvidia 2>&1); then src=modinfo; "
+        "else src=none; out=; fi; "
+        f"echo '{MARK} begin driver'; echo \"{MARK} source $src\"; printf '%s\\n' \"$out\"; "
+        f"echo '{MARK} end driver'"
+    )
+
+
+def _sections(output: list[str]) -> dict[str, list[str]]:
+    """{section name: lines} of the framed output; '@@fleet key value' lines inside are kept."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in output:
+        if line.startswith(f"{MARK} begin "):
+            current = sections.setdefault(line.split()[2], [])
+        elif line.startswith(f"{MARK} end "):
+            current = None
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def _meta(lines: list[str], key: str) -> str | None:
+    for line in lines:
+        if line.startswith(f"{MARK} {key} "):
+            return line.split(" ", 2)[2]
+    return None
+
+
+def _body(lines: list[str]) -> str:
+    return "\n".join(line for line in lines if not line.startswith(f"{MARK} "))
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:200] if text.strip() else "no output"
+
+
+def _driver(lines: list[str]) -> tuple[DriverVersion | None, str | None]:
+    """The driver section: (version, where it came from), or (None, None) when nothing answered."""
+    source, text = _meta(lines, "source"), _body(lines)
+    if source in (None, "none") or classify_nvidia_error(text):
+        return None, None
+    try:
+        return parse_driver_version(text), source
+    except NvidiaOutputError:
+        return None, None
+
+
+class NvidiaDriver(FactBase[DriverVersion | None]):
+    """
+    Returns the NVIDIA kernel driver version: from ``nvidia-smi``, else ``/proc/driver/nvidia/version``,
+    else ``modinfo nvidia`` (the module on disk, when it does not load); None on hosts without a driver.
+    A ``fleet.gpus.DriverVersion``: ordered numerically, printed as reported; ``l4t`` marks a Jetson,
+    whose NVRM line carries the L4T release instead of a driver branch.
+
+    .. code:: python
+
+        DriverVersion(parts=(550, 54, 15), text="550.54.15", l4t=False)   # prints "550.54.15"
+        DriverVersion(parts=(35, 3, 1), text="35.3.1", l4t=True)          # prints "L4T 35.3.1"
+        None
+    """
+
+    # Class attributes so tests (and unusual hosts) can point them elsewhere.
+    proc_version_path = "/proc/driver/nvidia/version"
+    modinfo_command = "/sbin/modinfo"
+
+    def command(self) -> str:
+        return _driver_sh(self.proc_version_path, self.modinfo_command)
+
+    def process(self, output: list[str]) -> DriverVersion | None:
+        return _driver(_sections(output).get("driver", []))[0]
+
+
+class NvidiaGpus(FactBase[dict[str, Any]]):
+    """
+    Returns the host's NVIDIA GPUs, its driver version and the problem, if any, that stops them being used.
+
+    Queries ``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`` with the richest field set
+    this nvidia-smi accepts (see ``FIELD_SETS``); compute capability comes from the GPU name when
+    ``compute_cap`` is not available. Never fails: what stops the GPUs being used comes back as
+    ``problem``, a ``fleet.gpus.NvidiaProblem`` (kinds: no_driver, driver_unreachable, version_mismatch,
+    no_devices, unknown_gpu, mig_enabled, nvidia_smi_failed), with ``gpus`` empty unless they could still
+    be read; ``notice`` holds what was worked around (old_nvidia_smi) and blocks nothing. Values are
+    ``fleet.gpus`` objects; each prints as JSON through ``to_json``.
+
+    .. code:: python
+
+        {
+            "gpus": [
+                Gpu(index=0, uuid="GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84", name="NVIDIA A100-PCIE-40GB",
+                    memory_mib=40960, compute_capability=(8, 0), pci_bus_id="00000000:12:00.0",
+                    mig_mode="Disabled"),
+            ],
+            "driver": DriverVersion(parts=(555, 42, 2), text="555.42.02", l4t=False),
+            "driver_source": "nvidia-smi",
+            "fields": "index,uuid,name,memory.total,compute_cap,pci.bus_id,mig.mode.current",
+            "problem": None,  # or NvidiaProblem(kind="version_mismatch", detail="NVML library 550.144")
+            "notice": None,  # or NvidiaProblem(kind="old_nvidia_smi", ...): worked around
+        }
+    """
+
+    proc_version_path = NvidiaDriver.proc_version_path
+    modinfo_command = NvidiaDriver.modinfo_command
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {
+            "gpus": [],
+            "driver": None,
+            "driver_source": None,
+            "fields": None,
+            "problem": None,
+            "notice": None,
+        }
+
+    def command(self) -> str:
+        fields = " ".join(f"'{f}'" for f in FIELD_SETS)
+        return (
+            f"if ! command -v nvidia-smi >/dev/null 2>&1; then echo '{MARK} no-nvidia-smi'; else "
+            f"for f in {fields}; do "
+            f'out=$(nvidia-smi --query-gpu="$f" --format=csv,noheader,nounits 2>&1); rc=$?; '
+            f"case \"$out\" in *'is not a valid field to query'*) continue;; esac; break; done; "
+            f"echo '{MARK} begin gpus'; echo \"{MARK} fields $f\"; printf '%s\\n' \"$out\"; "
+            f"echo \"{MARK} rc $rc\"; echo '{MARK} end gpus'; fi; "
+            + _driver_sh(self.proc_version_path, self.modinfo_command)
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        sections = _sections(output)
+        result = self.default()
+        result["driver"], result["driver_source"] = _driver(sections.get("driver", []))
+        if f"{MARK} no-nvidia-smi" in output:
+            result["problem"] = NvidiaProblem(NO_DRIVER)
+            return result
+        lines = sections.get("gpus", [])
+        fields, text, rc = _meta(lines, "fields"), _body(lines), _meta(lines, "rc")
+        result["fields"] = fields
+        problem = classify_nvidia_error(text)
+        if rc != "0" or (problem is not None and problem.blocking):
+            result["problem"] = (
+                problem if problem and problem.blocking else NvidiaProblem(SMI_FAILED, _first_line(text))
+            )
+            return result
+        try:
+            gpus = parse_query_csv(text, fields)
+        except UnknownGpuError as error:
+            result["problem"] = NvidiaProblem(UNKNOWN_GPU, str(error))
+            return result
+        except ValueError:  # NvidiaOutputError included: not the data asked for
+            result["problem"] = NvidiaProblem(SMI_FAILED, _first_line(text))
+            return result
+        result["gpus"] = gpus
+        result["problem"] = mig_problem(gpus)
+        if fields and "compute_cap" not in fields:
+            result["notice"] = NvidiaProblem(OLD_NVIDIA_SMI, "it rejects the query field compute_cap")
+        return result
