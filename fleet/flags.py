@@ -13,6 +13,7 @@ reach a config file: `--swap-space` (removed in 0.18) is refused at validation w
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from typing import Any, Literal
 
@@ -72,7 +73,13 @@ class ServeFlags(BaseModel):
         """Refuse unknown and removed keys with the closest valid names, before pydantic's own message."""
         if not isinstance(data, dict):
             return data
-        data = {str(k).replace("-", "_"): v for k, v in data.items()}
+        normalised: dict[str, Any] = {}
+        for k, v in data.items():
+            key = str(k).replace("-", "_")
+            if key in normalised:
+                raise ValueError(f"@{key}: given twice (as {k!r} and in another spelling)")
+            normalised[key] = v
+        data = normalised
         for key in data:
             if key in REMOVED_FLAGS:
                 raise ValueError(f"@{key}: {REMOVED_FLAGS[key]}")
@@ -82,7 +89,20 @@ class ServeFlags(BaseModel):
                 close = difflib.get_close_matches(key, list(cls.model_fields), n=3, cutoff=0.6)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ValueError(f"@{key}: not a known serve flag{hint} (others go in extra_args)")
+            if isinstance(data[key], bool) and cls.model_fields[key].annotation in NUMERIC:
+                raise ValueError(f"@{key}: {data[key]!r} is a boolean, a number is expected")
         return data
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            if not re.fullmatch(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+                                r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", v):
+                raise ValueError(f"{v!r} is neither an IP address nor a host name") from None
+        return v
 
     @field_validator("extra_args")
     @classmethod
@@ -116,6 +136,8 @@ class ServeFlags(BaseModel):
             )
         return self
 
+
+NUMERIC = (float, int, int | None, float | None)
 
 REMOVED_FLAGS = {
     "swap_space": "removed in vLLM 0.18 (no replacement flag); delete it from the inventory. For CPU "

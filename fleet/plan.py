@@ -224,14 +224,25 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     gpus: list[Gpu] = []
     if spec.accelerator == "cuda":
         gpus = _instance_gpus(host, inst, facts.gpus, taken)
-        taken.update(g.index for g in gpus)
     heads = kv_heads = None
     if model_config:
         heads = model_config.get("num_attention_heads")
         kv_heads = model_config.get("num_key_value_heads", heads)
-    tp, tp_warn = choose_tensor_parallel(host, inst.name, len(gpus), f.tensor_parallel_size, heads, kv_heads)
+    pp = f.pipeline_parallel_size
+    if spec.accelerator == "cuda" and pp > len(gpus):
+        raise SpecError([f"{where}.flags.pipeline_parallel_size: {pp} stages need at least {pp} GPUs, "
+                         f"the instance has {len(gpus)}"])
+    # pipeline stages split the instance's GPUs; tensor parallelism works within a stage
+    tp, tp_warn = choose_tensor_parallel(host, inst.name, len(gpus) // pp if gpus else 0,
+                                         f.tensor_parallel_size, heads, kv_heads)
     warnings.extend(tp_warn)
-    gpus = gpus[:tp * f.pipeline_parallel_size] if spec.accelerator == "cuda" else []
+    if spec.accelerator == "cuda":
+        used = tp * pp
+        if used < len(gpus) and inst.gpus is not None:
+            warnings.append(f"{host}: instance {inst.name}: tensor {tp} x pipeline {pp} uses {used} of the "
+                            f"{len(gpus)} GPUs it was given; the other {len(gpus) - used} stay free")
+        gpus = gpus[:used]
+        taken.update(g.index for g in gpus)
 
     dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
     if inst.model.path:

@@ -33,6 +33,7 @@ class SmokeResult:
     tp: int
     release: str
     checks: list[Check] = field(default_factory=list)
+    note: str = ""  # e.g. "rolled back to 0.31.0-cpu"
 
     @property
     def ok(self) -> bool:
@@ -44,6 +45,11 @@ class SmokeResult:
 
     def failures(self) -> str:
         return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.ok)
+
+    def as_dict(self) -> dict:
+        return {"host": self.host, "instance": self.instance, "ok": self.ok, "model": self.model,
+                "release": self.release, "tp": self.tp, "note": self.note,
+                "checks": [c.__dict__ for c in self.checks]}
 
 
 def _timed(fn: Callable[[], Check]) -> Check:
@@ -124,6 +130,6 @@ def table(results: Iterable[SmokeResult]) -> str:
 
         rows.append((r.host, r.instance, r.model, str(r.tp), r.release, cell("health"), cell("models"),
                      cell("completion"), cell("no-key-401"), f"{r.latency_ms:.0f} ms",
-                     "ok" if r.ok else "FAILED: " + r.failures()))
+                     ("ok" if r.ok else "FAILED: " + r.failures()) + (f" ({r.note})" if r.note else "")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows)

@@ -8,9 +8,10 @@ of as a crash loop on a GPU server minutes later.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -18,6 +19,22 @@ from fleet.flags import ServeFlags
 
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
+
+
+# Set by the planner; an inventory that sets them would silently undo a derived value.
+RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "VLLM_HOST_IP", "HOME", "HF_HOME",
+                "VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY", "HF_TOKEN"}
+
+
+def _hint_unknown(cls: type[BaseModel], data: Any) -> Any:
+    """Unknown keys get the closest valid names, like ServeFlags does for flags."""
+    if isinstance(data, dict):
+        for key in data:
+            if key not in cls.model_fields:
+                close = difflib.get_close_matches(str(key), list(cls.model_fields), n=3, cutoff=0.6)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ValueError(f"@{key}: not a known key{hint} (allowed: {', '.join(cls.model_fields)})")
+    return data
 
 
 class SpecError(ValueError):
@@ -43,6 +60,8 @@ class ModelSpec(BaseModel):
     hf_repo: str | None = Field(None, pattern=r"^[\w.-]+/[\w.-]+$")
     revision: str | None = None
 
+    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         given = [k for k in ("path", "host_path", "hf_repo") if getattr(self, k)]
@@ -61,7 +80,8 @@ class InstanceSpec(BaseModel):
     name: str = Field("default", pattern=INSTANCE_NAME)
     model: ModelSpec
     # GPUs this instance gets: a count (the first N free ones) or explicit indexes; None = all of them.
-    gpus: int | list[int] | None = None
+    gpus: Annotated[int, Field(ge=1, le=64)] | Annotated[list[Annotated[int, Field(ge=0, le=63)]],
+                                                          Field(min_length=1)] | None = None
     flags: ServeFlags = Field(default_factory=ServeFlags)
     # None: no key at all (refused on a non-loopback bind unless port_protected_elsewhere).
     api_key_env: str | None = Field("VLLM_API_KEY", pattern=ENV_NAME)
@@ -73,15 +93,30 @@ class InstanceSpec(BaseModel):
     # CPU hosts: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: int = Field(1, ge=1, le=4096)
 
+    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"GPU indexes repeat in {v}")
+        return v
+
     @field_validator("env")
     @classmethod
     def _env_not_secret(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
+        for key, value in v.items():
             if not re.fullmatch(ENV_NAME, key):
-                raise ValueError(f"{key}: not an environment variable name")
+                raise ValueError(f"@{key}: not an environment variable name")
+            if key in RESERVED_ENV:
+                raise ValueError(f"@{key}: set by vllm-fleet itself (from GPUs, model source or secrets); "
+                                 "remove it from env")
+            if re.search(r'["\\%\n\r]', value):
+                raise ValueError(f"@{key}: quotes, backslashes, % and newlines are not allowed in unit "
+                                 "environment values")
             if re.search(r"KEY|TOKEN|SECRET|PASSWORD", key):
                 raise ValueError(
-                    f"{key}: looks like a secret; secrets come from the controller's environment "
+                    f"@{key}: looks like a secret; secrets come from the controller's environment "
                     "(api_key_env / hf_token_env), never from the inventory"
                 )
         return v
@@ -101,18 +136,20 @@ class HostSpec(BaseModel):
     ready_timeout_s: int = Field(600, ge=10, le=7200)
     instances: list[InstanceSpec] = Field(min_length=1)
 
+    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+
     @model_validator(mode="after")
     def _instances_disjoint(self) -> HostSpec:
         seen_names: set[str] = set()
         seen_ports: dict[int, str] = {}
         for i, inst in enumerate(self.instances):
             if inst.name in seen_names:
-                raise ValueError(f"instances[{i}].name: '{inst.name}' is used twice on this host")
+                raise ValueError(f"@instances[{i}].name: '{inst.name}' is used twice on this host")
             seen_names.add(inst.name)
             port = inst.flags.port
             if port in seen_ports:
                 raise ValueError(
-                    f"instances[{i}].flags.port: {port} is already used by instance '{seen_ports[port]}'"
+                    f"@instances[{i}].flags.port: {port} is already used by instance '{seen_ports[port]}'"
                 )
             seen_ports[port] = inst.name
         return self
@@ -125,9 +162,16 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+_UNION_TAG = re.compile(r"^(constrained-\w+|list\[.*|dict\[.*|int|str|float|bool|none|function-.*|"
+                        r"union\[.*|literal\[.*)$")
+
+
 def _path(loc: Iterable[Any]) -> str:
+    """pydantic's location as a field path; union member tags (gpus.constrained-int) are not fields."""
     s = ""
     for part in loc:
+        if isinstance(part, str) and _UNION_TAG.match(part):
+            continue
         if isinstance(part, int):
             s += f"[{part}]"
         else:
@@ -148,14 +192,24 @@ def parse_host(host_name: str, data: Mapping[str, Any] | None,
     if not data:
         raise SpecError([f"{host_name}: vllm: missing (every host in a vLLM inventory needs a vllm dict)"])
     merged = deep_merge(defaults or {}, data)
-    # `model`/`flags` at top level are the one-instance shorthand.
+    allowed = list(HostSpec.model_fields) + list(InstanceSpec.model_fields)
+    for key in merged:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise SpecError([f"{host_name}: vllm.{key}: not a known key{hint}"])
+    # Instance-level keys at the top (model, flags, env, ...) are the one-instance shorthand, or, next to
+    # `instances`, defaults that every instance inherits (group-wide flags in vllm_defaults).
+    shared = {k: merged.pop(k) for k in list(merged) if k in InstanceSpec.model_fields}
     if "instances" not in merged:
-        inst = {k: merged.pop(k) for k in list(merged) if k in InstanceSpec.model_fields}
-        merged["instances"] = [inst] if inst else []
+        merged["instances"] = [shared] if shared else []
+    elif isinstance(merged["instances"], list):
+        merged["instances"] = [deep_merge(shared, i) if isinstance(i, Mapping) else i
+                               for i in merged["instances"]]
     try:
         return HostSpec.model_validate(merged)
     except ValidationError as e:
-        problems = []
+        by_path: dict[str, list[str]] = {}
         for err in e.errors():
             loc = list(err["loc"])
             # pydantic puts a before-validator's error at the model, not the key: name the key ourselves.
@@ -164,7 +218,11 @@ def parse_host(host_name: str, data: Mapping[str, Any] | None,
             if m:
                 loc.append(m.group(1))
                 msg = m.group(2)
-            problems.append(f"{host_name}: vllm.{_path(loc)}: {msg}")
+            msgs = by_path.setdefault(_path(loc), [])
+            if msg not in msgs:
+                msgs.append(msg)
+        # a union field fails once per member: one line, alternatives joined
+        problems = [f"{host_name}: vllm.{path}: {' or '.join(msgs)}" for path, msgs in by_path.items()]
         raise SpecError(problems) from None
 
 

@@ -10,7 +10,7 @@ import json
 
 from pyinfra.api import FactBase
 
-from fleet.plan import CURRENT_LINK, RELEASES_DIR, STATE_DIR
+from fleet.plan import CURRENT_LINK, RELEASES_DIR
 
 
 class VllmHost(FactBase):
@@ -32,7 +32,7 @@ class VllmHost(FactBase):
             f"echo '## releases'; ls -1 {RELEASES_DIR} 2>/dev/null | grep -v '^\\.' ; "
             f"echo '## current'; readlink {CURRENT_LINK} 2>/dev/null; "
             "echo '## cpu'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2; "
-            f"echo '## state'; cat {STATE_DIR}/state.json 2>/dev/null; true"
+            "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; true"
         )
 
     def process(self, output):

@@ -8,6 +8,7 @@ later run could mistake for a release.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.operations import files, server
@@ -17,6 +18,9 @@ from fleet.plan import CURRENT_LINK, MODELS_DIR, RELEASES_DIR, STATE_DIR, HostPl
 from fleet.variants import install_command
 
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
+HOST_TOOLS = "/usr/local/lib/vllm-fleet"
+FLEET_STATE = "/var/lib/vllm-fleet"
+FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
 HOST_PYTHON = "/usr/bin/python3"
 
 
@@ -30,6 +34,10 @@ def base() -> None:
         files.directory(name=f"directory {path}", path=path, user=user, group=user if user == "root" else
                         "vllm", mode=mode)
     files.put(name="uv binary", src=str(wheels.uv_binary()), dest="/usr/local/bin/uv", mode="755")
+    files.directory(name=f"directory {FLEET_STATE}", path=FLEET_STATE, user="root", group="root", mode="700")
+    for tool in ("hoststate.py", "validate_serve.py"):
+        files.put(name=f"host tool {tool}", src=str(FLEET_SRC / tool), dest=f"{HOST_TOOLS}/{tool}",
+                  mode="755", create_remote_dir=True)
 
 
 def build_script(plan: HostPlan, find_links: str | None) -> str:
@@ -69,9 +77,10 @@ def build_script(plan: HostPlan, find_links: str | None) -> str:
     return "\n".join(lines)
 
 
-def release(plan: HostPlan, installed: list[str]) -> None:
+def release(plan: HostPlan, installed: list[str]):
+    """Build the release if the host lacks it; returns the build operation (None when present)."""
     if plan.release in installed:
-        return
+        return None
     build = plan.install_spec.build
     find_links = None
     if plan.install_source == "cache":
@@ -86,10 +95,11 @@ def release(plan: HostPlan, installed: list[str]) -> None:
         server.shell(name=f"unpack wheels {plan.release}", commands=[
             f"rm -rf {find_links} && mkdir -p {find_links} && "
             f"tar -C {find_links} -xf /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
-    server.shell(name=f"build release {plan.release}", commands=[build_script(plan, find_links)])
+    built = server.shell(name=f"build release {plan.release}", commands=[build_script(plan, find_links)])
     if find_links:
         server.shell(name="drop the unpacked wheels", commands=[
             f"rm -rf {find_links} /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
+    return built
 
 
 def switch(plan: HostPlan, current: str | None):
@@ -100,4 +110,11 @@ def switch(plan: HostPlan, current: str | None):
         f"ln -sfn releases/{plan.release} {CURRENT_LINK}.new && mv -T {CURRENT_LINK}.new {CURRENT_LINK}"])
 
 
-__all__ = ["base", "release", "switch", "host"]
+def validate(plan: HostPlan, inst, staged_config: str, when) -> None:
+    """The new release's own vLLM parses the staged config; a rejection stops this host right here."""
+    server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config",
+                 commands=[f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"],
+                 _if=when)
+
+
+__all__ = ["base", "release", "switch", "validate", "host"]

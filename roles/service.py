@@ -12,8 +12,18 @@ from fleet import render
 from fleet.plan import HostPlan, InstancePlan
 from roles.ops import Secret, secret_file
 
+STAGED = "/var/lib/vllm-fleet/staged"
 
-def configure(plan: HostPlan, inst: InstancePlan, also_changed: list) -> None:
+
+def stage_config(plan: HostPlan, inst: InstancePlan):
+    """The rendered config, put aside for validation; it changes exactly when the live one will."""
+    return files.put(name=f"staged config {inst.name}", src=StringIO(render.serve_config(plan, inst)),
+                     dest=f"{STAGED}/{inst.name}.yaml", user="root", group="root", mode="600",
+                     create_remote_dir=True)
+
+
+def configure(plan: HostPlan, inst: InstancePlan, also_changed: list):
+    """Write the live files and restart on change; returns a callable telling whether anything changed."""
     config = files.put(name=f"serve config {inst.config_path}", src=StringIO(render.serve_config(plan, inst)),
                        dest=inst.config_path, user="root", group="root", mode="644")
     env = secret_file(name=f"env file {inst.env_path} (0600)", dest=inst.env_path,
@@ -25,3 +35,4 @@ def configure(plan: HostPlan, inst: InstancePlan, also_changed: list) -> None:
     systemd.service(name=f"enable {inst.unit}", service=inst.unit, enabled=True)
     systemd.service(name=f"restart {inst.unit} (changed)", service=inst.unit, restarted=True, _if=changed)
     systemd.service(name=f"{inst.unit} running", service=inst.unit, running=True)
+    return changed

@@ -1,20 +1,30 @@
-"""Wait until an instance is ready, then smoke-test it through real HTTP from the controller."""
+"""Wait until a host's instances are ready, smoke-test them through real HTTP, and roll back on failure.
+
+A change is only kept once it has served a real completion: a failed readiness wait or smoke test after
+a change puts the host's last known good release, config and unit back (from the host's own snapshot),
+restarts, smoke-tests that, and then fails the host with the reason and the journal's last lines.
+"""
 
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import re
+import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
 from fleet import smoke
-from fleet.plan import HostPlan, InstancePlan
+from fleet.plan import CONFIG_DIR, HostPlan, InstancePlan
 from roles.tunnel import forward
 
+HOSTSTATE = "python3 /usr/local/lib/vllm-fleet/hoststate.py"
 RESULTS: list[smoke.SmokeResult] = []
 _registered = False
 
@@ -23,53 +33,121 @@ class SmokeFailed(PyinfraError):
     pass
 
 
-def _journal(unit: str, lines: int = 25) -> str:
-    status, out = host.run_shell_command(f"journalctl -u {unit} -n {lines} --no-pager -o cat")
-    return "\n".join(line for line in out.stdout_lines) if status else "(journal unavailable)"
+@dataclass(frozen=True)
+class Target:
+    """What the smoke test needs of an instance, from the plan or read back from a restored config."""
+
+    name: str
+    served_name: str
+    host: str
+    port: int
+    api_key_env: str | None
+    tp: int = 1
+
+    @property
+    def unit(self) -> str:
+        return f"vllm-{self.name}.service"
+
+    @classmethod
+    def of(cls, inst: InstancePlan) -> Target:
+        return cls(inst.name, inst.served_name, inst.host, inst.port, inst.secret_env.get("VLLM_API_KEY"),
+                   inst.tensor_parallel)
+
+
+def run(command: str) -> tuple[bool, str]:
+    status, out = host.run_shell_command(command)
+    return status, out.stdout
+
+
+def journal(unit: str, lines: int = 25) -> str:
+    ok, out = run(f"journalctl -u {unit} -n {lines} --no-pager -o cat")
+    return out if ok else "(journal unavailable)"
 
 
 def _unit_crashed(unit: str) -> bool:
     """Failed, or restarted by systemd since the deploy started it: either way it will not get ready."""
-    _, out = host.run_shell_command(f"systemctl show {unit} -p ActiveState -p NRestarts")
-    props = dict(line.split("=", 1) for line in out.stdout_lines if "=" in line)
+    _, out = run(f"systemctl show {unit} -p ActiveState -p NRestarts")
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return props.get("ActiveState") == "failed" or props.get("NRestarts", "0") not in ("0", "")
 
 
-def check(plan: HostPlan, inst: InstancePlan, wait: bool = True) -> None:
-    """Bounded readiness wait, then the four checks; a failure fails this host with the journal's tail."""
-    api_key = os.environ.get(inst.secret_env["VLLM_API_KEY"]) if inst.api_key_required else None
-    result = smoke.SmokeResult(plan.host, inst.name, inst.served_name, inst.tensor_parallel, plan.release)
-    with forward(host, inst.host, inst.port) as url:
+def check(target: Target, release: str, timeout_s: float, wait: bool = True) -> smoke.SmokeResult:
+    api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
+    result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
+    with forward(host, target.host, target.port) as url:
         if wait:
-            ready, waited = smoke.wait_healthy(url, plan.ready_timeout_s,
-                                               alive=lambda: not _unit_crashed(inst.unit))
+            ready, waited = smoke.wait_healthy(url, timeout_s, alive=lambda: not _unit_crashed(target.unit))
             if not ready:
                 result.checks.append(smoke.Check("health", False, f"not ready after {waited:.0f} s"))
-                RESULTS.append(result)
-                raise SmokeFailed(f"{plan.host}: {inst.unit} did not become ready within {waited:.0f} s; "
-                                  f"last journal lines:\n{_journal(inst.unit)}")
-            logger.info(f"[{plan.host}] {inst.unit} ready after {waited:.1f} s")
-        result.checks = smoke.run_checks(url, inst.served_name, api_key)
-    RESULTS.append(result)
-    if not result.ok:
-        raise SmokeFailed(f"{plan.host}: smoke test of {inst.unit} failed: {result.failures()}")
+                return result
+            logger.info(f"[{host.name}] {target.unit} ready after {waited:.1f} s")
+        result.checks = smoke.run_checks(url, target.served_name, api_key)
+    return result
 
 
-def _report() -> None:
+def restored_targets(plan: HostPlan) -> list[Target]:
+    """Instances as the restored configs on the host describe them (they may predate the inventory)."""
+    keys = {i.name: i.secret_env.get("VLLM_API_KEY") for i in plan.instances}
+    _, out = run(f"for f in {CONFIG_DIR}/*.yaml; do echo \"## $f\"; cat \"$f\"; done")
+    targets = []
+    for block in out.split("## ")[1:]:
+        path, _, body = block.partition("\n")
+        name = path.strip().rsplit("/", 1)[-1].removesuffix(".yaml")
+        vals = dict(re.findall(r"^([a-z-]+): *(.+?)\s*$", body, re.M))
+        targets.append(Target(name, vals.get("served-model-name", name).strip("'\""),
+                              vals.get("host", "127.0.0.1").strip("'\""), int(vals.get("port", 8000)),
+                              keys.get(name, "VLLM_API_KEY"), int(vals.get("tensor-parallel-size", 1))))
+    return targets
+
+
+def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
+    """Smoke every instance; keep the change (commit) or put the last known good back (rollback)."""
+    results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait) for i in plan.instances]
+    failed = [r for r in results if not r.ok]
+    did_change = changed()
+    if not failed:
+        RESULTS.extend(results)
+        if did_change or not had_state:
+            run(f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}")
+        return
+    reason = "; ".join(f"{r.instance}: {r.failures()}" for r in failed)
+    tail = "\n".join(f"--- journal of vllm-{r.instance}.service:\n{journal(f'vllm-{r.instance}.service')}"
+                     for r in failed)
+    if not did_change:
+        RESULTS.extend(results)
+        raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
+    ok, out = run(f"{HOSTSTATE} restore current")
+    if not ok:
+        for r in failed:
+            r.note = "no known-good state to roll back to"
+        RESULTS.extend(results)
+        raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({out.strip()}): "
+                          f"{reason}\n{tail}")
+    restored = json.loads(out.strip().splitlines()[-1])
+    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {restored['release']}")
+    again = [check(t, restored["release"], plan.ready_timeout_s) for t in restored_targets(plan)]
+    for r in again:
+        r.note = f"rolled back to {restored['release']}" + ("" if r.ok else " and STILL FAILING")
+    RESULTS.extend(again)
+    raise SmokeFailed(f"{host.name}: change failed and was rolled back to {restored['release']} "
+                      f"({'serving again' if all(r.ok for r in again) else 'which also fails'}): "
+                      f"{reason}\n{tail}")
+
+
+def report() -> None:
     if not RESULTS:
         return
     print("\n" + smoke.table(sorted(RESULTS, key=lambda r: (r.host, r.instance))), file=sys.stdout)
     out = os.environ.get("VLLM_FLEET_SMOKE_JSON")
     if out:
         with open(out, "w") as f:
-            json.dump([{"host": r.host, "instance": r.instance, "ok": r.ok, "model": r.model,
-                        "release": r.release, "tp": r.tp,
-                        "checks": [c.__dict__ for c in r.checks]} for r in RESULTS], f, indent=2)
+            json.dump([r.as_dict() for r in RESULTS], f, indent=2)
 
 
-def smoke_op(plan: HostPlan, inst: InstancePlan, wait: bool = True) -> None:
+def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
     global _registered
     if not _registered:
-        atexit.register(_report)
+        atexit.register(report)
         _registered = True
-    python.call(name=f"smoke test {inst.unit}", function=check, plan=plan, inst=inst, wait=wait)
+    python.call(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", function=verify, plan=plan,
+                changed=changed, wait=wait, had_state=had_state)

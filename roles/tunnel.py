@@ -9,10 +9,14 @@ login or extra credentials.
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import socket
 import threading
 from collections.abc import Iterator
+
+# paramiko logs every refused channel at ERROR while the server is still starting: expected, not news
+logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
 
 
 def _pump(a, b) -> None:

@@ -19,7 +19,7 @@ from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, parse_inventory
 from roles import install, model, service
 from roles.facts import VllmHost
-from roles.smoke import smoke_op
+from roles.smoke import verify_op
 
 
 class Refused(PyinfraError):
@@ -85,17 +85,26 @@ def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
 
 
 def deploy_vllm() -> None:
+    """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back."""
     plan, vh = plan_this_host()
     install.base()
-    install.release(plan, vh["releases"])
-    switched = install.switch(plan, vh["current"])
+    built = install.release(plan, vh["releases"])
+    release_changing = vh["current"] != plan.release
+    staged_models = []
     for inst in plan.instances:
-        staged = model.stage(inst)
-        service.configure(plan, inst, also_changed=[switched, *staged])
-        smoke_op(plan, inst)
+        staged_models.append(model.stage(inst))
+        staged = service.stage_config(plan, inst)
+
+        def must_validate(staged=staged) -> bool:
+            return release_changing or staged.did_change() or (built is not None and built.did_change())
+
+        install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml", when=must_validate)
+    switched = install.switch(plan, vh["current"])
+    changes = [service.configure(plan, inst, also_changed=[switched, *staged_models[i]])
+               for i, inst in enumerate(plan.instances)]
+    verify_op(plan, changed=lambda: any(c() for c in changes), had_state=bool(vh["state"]))
 
 
 def smoke_only() -> None:
     plan, _ = plan_this_host()
-    for inst in plan.instances:
-        smoke_op(plan, inst, wait=False)
+    verify_op(plan, changed=lambda: False, wait=False)

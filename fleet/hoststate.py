@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""What is deployed on this host and what was before: the memory that rollback needs.
+
+Runs ON the host (stdlib only, Python >= 3.9), uploaded by the deploy to /usr/local/lib/vllm-fleet/.
+Why on the host and not on the controller: rollback must work from whatever controller is at hand,
+after the one that deployed is gone, so the host keeps its own last-known-good copy.
+
+Layout (root only, 0700: the snapshots hold the env files with secrets, and the vllm user, which can
+write /var/lib/vllm, must not be able to plant a unit that root would restore):
+
+    /var/lib/vllm-fleet/state.json             {"current": {...}, "previous": {...}}
+    /var/lib/vllm-fleet/snapshots/current/     config, env and unit of every instance, last known good
+    /var/lib/vllm-fleet/snapshots/previous/    the known-good state before that
+
+Commands:
+    commit RELEASE          after a smoke-tested deploy: current -> previous, live files -> current
+    restore current         put the last known good back (automatic rollback of a failed change)
+    restore previous        roll back one step; current and previous swap, so a second rollback
+                            returns to where the first started (like `cd -`)
+    prune KEEP              drop old releases, never the live one nor those current/previous use
+    show                    print state.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.environ.get("VLLM_FLEET_ROOT", "")  # tests run it against a temporary root
+STATE_DIR = ROOT + "/var/lib/vllm-fleet"
+SNAPSHOTS = STATE_DIR + "/snapshots"
+CONFIG_DIR = ROOT + "/etc/vllm"
+UNIT_DIR = ROOT + "/etc/systemd/system"
+RELEASES = ROOT + "/opt/vllm/releases"
+CURRENT = ROOT + "/opt/vllm/current"
+
+
+def _sha(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _live_files() -> dict[str, str]:
+    """Every instance's config, env and unit, keyed by snapshot file name."""
+    files = {}
+    if os.path.isdir(CONFIG_DIR):
+        for name in sorted(os.listdir(CONFIG_DIR)):
+            if name.endswith((".yaml", ".env")) and not name.startswith("."):
+                files[name] = os.path.join(CONFIG_DIR, name)
+    if os.path.isdir(UNIT_DIR):
+        for name in sorted(os.listdir(UNIT_DIR)):
+            if name.startswith("vllm-") and name.endswith(".service"):
+                files[name] = os.path.join(UNIT_DIR, name)
+    return files
+
+
+def _live_release() -> str | None:
+    try:
+        return os.path.basename(os.readlink(CURRENT))
+    except OSError:
+        return None
+
+
+def load() -> dict:
+    try:
+        with open(STATE_DIR + "/state.json") as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _save(state: dict) -> None:
+    tmp = STATE_DIR + "/state.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, STATE_DIR + "/state.json")
+
+
+def _record(release: str | None, files: dict[str, str]) -> dict:
+    return {
+        "release": release,
+        "files": {name: _sha(path) for name, path in files.items()},
+        "instances": sorted(n[:-5] for n in files if n.endswith(".yaml")),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def commit(release: str) -> dict:
+    os.makedirs(SNAPSHOTS, mode=0o700, exist_ok=True)
+    os.chmod(STATE_DIR, 0o700)
+    state = load()
+    live = _live_files()
+    record = _record(release, live)
+    cur = state.get("current")
+    if cur and cur.get("release") == release and cur.get("files") == record["files"]:
+        return {"committed": False, "reason": "unchanged", "current": cur}
+    staging = SNAPSHOTS + "/.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging, mode=0o700)
+    for name, path in live.items():
+        shutil.copy2(path, os.path.join(staging, name))
+    if cur:
+        shutil.rmtree(SNAPSHOTS + "/previous", ignore_errors=True)
+        if os.path.isdir(SNAPSHOTS + "/current"):
+            os.rename(SNAPSHOTS + "/current", SNAPSHOTS + "/previous")
+        state["previous"] = cur
+    os.rename(staging, SNAPSHOTS + "/current")
+    state["current"] = record
+    _save(state)
+    return {"committed": True, "current": record, "previous": state.get("previous")}
+
+
+def _link_release(release: str) -> None:
+    if not os.path.isdir(os.path.join(RELEASES, release)):
+        raise SystemExit(f"release {release} is no longer on this host")
+    tmp = CURRENT + ".new"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink("releases/" + release, tmp)
+    os.replace(tmp, CURRENT)
+
+
+def _systemctl(*args: str) -> None:
+    if not ROOT:
+        subprocess.run(["systemctl", *args], check=False)
+
+
+def restore(which: str) -> dict:
+    state = load()
+    target = state.get(which)
+    if not target:
+        what = "no deploy has been recorded" if which == "current" else "there is no previous deploy"
+        raise SystemExit(f"nothing to roll back to: {what} on this host")
+    snap = f"{SNAPSHOTS}/{which}"
+    live = _live_files()
+    # instances that exist now but not in the target state are stopped and removed
+    for name, path in live.items():
+        if name not in target["files"]:
+            if name.endswith(".service"):
+                _systemctl("disable", "--now", name)
+            os.unlink(path)
+    for name in target["files"]:
+        dest = os.path.join(UNIT_DIR if name.endswith(".service") else CONFIG_DIR, name)
+        tmp = dest + ".restore"
+        shutil.copy2(os.path.join(snap, name), tmp)
+        os.chmod(tmp, 0o600 if name.endswith(".env") else 0o644)
+        os.replace(tmp, dest)
+    if target.get("release"):
+        _link_release(target["release"])
+    _systemctl("daemon-reload")
+    units = sorted(n for n in target["files"] if n.endswith(".service"))
+    for unit in units:
+        _systemctl("enable", unit)
+        _systemctl("restart", unit)
+    if which == "previous":
+        cur, prev = SNAPSHOTS + "/current", SNAPSHOTS + "/previous"
+        os.rename(cur, SNAPSHOTS + "/.swap")
+        os.rename(prev, cur)
+        os.rename(SNAPSHOTS + "/.swap", prev)
+        state["current"], state["previous"] = state["previous"], state["current"]
+        _save(state)
+    return {"restored": which, "release": target.get("release"), "units": units}
+
+
+def prune(keep: int) -> dict:
+    state = load()
+    protected = {_live_release()} | {(state.get(k) or {}).get("release") for k in ("current", "previous")}
+    if not os.path.isdir(RELEASES):
+        return {"removed": []}
+    releases = sorted((d for d in os.listdir(RELEASES) if not d.startswith(".")),
+                      key=lambda d: os.stat(os.path.join(RELEASES, d)).st_mtime, reverse=True)
+    removed = []
+    for i, rel in enumerate(releases):
+        if i >= keep and rel not in protected:
+            shutil.rmtree(os.path.join(RELEASES, rel))
+            removed.append(rel)
+    return {"removed": removed, "kept": [r for r in releases if r not in removed]}
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    cmd, args = argv[0], argv[1:]
+    if cmd == "commit":
+        out = commit(args[0])
+    elif cmd == "restore":
+        out = restore(args[0])
+    elif cmd == "prune":
+        out = prune(int(args[0]))
+    elif cmd == "show":
+        out = load()
+    else:
+        print(f"unknown command {cmd}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

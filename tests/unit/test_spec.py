@@ -1,0 +1,237 @@
+"""The inventory schema: every bad host is refused on the controller with 'host: vllm.path: message'."""
+
+from __future__ import annotations
+
+import copy
+import re
+import traceback
+
+import pytest
+from bad_inventories import ACCEPTED_BUT_BAD, BAD_HOSTS, M
+
+from fleet.spec import HostSpec, SpecError, deep_merge, parse_host, parse_inventory
+
+HOST = "gpu-07"
+
+
+def problems_of(data: dict | None, defaults: dict | None = None, host: str = HOST) -> list[str]:
+    with pytest.raises(SpecError) as e:
+        parse_inventory([(host, data, defaults)])
+    assert e.value.problems, "a SpecError must carry at least one problem line"
+    assert str(e.value) == "\n".join(e.value.problems)
+    return e.value.problems
+
+
+def _ids(entries: list) -> list[str]:
+    return [entry[0] for entry in entries]
+
+
+def test_there_are_enough_bad_inventories() -> None:
+    assert len(BAD_HOSTS) >= 40
+    assert len(set(_ids(BAD_HOSTS))) == len(BAD_HOSTS), "descriptions must be unique"
+
+
+def _check_refusal(data: dict, path: str, words: tuple[str, ...]) -> None:
+    lines = problems_of(data)
+    assert all(line.startswith(f"{HOST}: vllm") for line in lines), lines
+    matching = [
+        line for line in lines
+        if path in line.removeprefix(f"{HOST}: ")
+        and all(w.lower() in line.lower() for w in words)
+    ]
+    assert matching, f"no line names {path!r} with {words}: {lines}"
+    # 'host: field: message' with a non-empty message
+    parts = [line.split(": ", 2) for line in matching]
+    assert all(len(p) == 3 and p[2].strip() for p in parts), matching
+
+
+@pytest.mark.parametrize(("desc", "data", "path", "words"), BAD_HOSTS, ids=_ids(BAD_HOSTS))
+def test_bad_inventory_refused_naming_host_field_and_rule(desc: str, data: dict, path: str,
+                                                          words: tuple[str, ...]) -> None:
+    _check_refusal(data, path, words)
+
+
+@pytest.mark.parametrize(
+    ("desc", "data", "path", "words"),
+    [pytest.param(*entry, marks=pytest.mark.xfail(strict=True, reason=reason))
+     for entry, reason in ACCEPTED_BUT_BAD],
+    ids=[entry[0] for entry, _ in ACCEPTED_BUT_BAD],
+)
+def test_bad_inventory_the_schema_still_accepts(desc: str, data: dict, path: str,
+                                                words: tuple[str, ...]) -> None:
+    _check_refusal(data, path, words)
+
+
+_PATH_IN_FIELD_BUGS: dict[str, str] = {}
+
+
+@pytest.mark.parametrize(
+    ("desc", "data", "path", "words"),
+    [pytest.param(*e, marks=pytest.mark.xfail(strict=True, reason=_PATH_IN_FIELD_BUGS[e[0]]))
+     if e[0] in _PATH_IN_FIELD_BUGS else pytest.param(*e) for e in BAD_HOSTS],
+    ids=_ids(BAD_HOSTS),
+)
+def test_field_path_is_in_the_field_part_of_the_line(desc: str, data: dict, path: str,
+                                                     words: tuple[str, ...]) -> None:
+    """'gpu-07: vllm.instances[1].name: message', never 'gpu-07: vllm.: instances[1].name: message'."""
+    fields = [line.split(": ", 2)[1] for line in problems_of(data)]
+    assert all(re.fullmatch(r"vllm(\.\S+)?", f) and not f.endswith(".") for f in fields), fields
+    wanted = path if path.startswith("vllm") else f"vllm.{path}"
+    assert any(f.startswith(wanted) for f in fields), (wanted, fields)
+
+
+@pytest.mark.parametrize("secret", ["hf_SECRETabc123", "sk-live-SECRET987"])
+@pytest.mark.parametrize("where", ["env", "flags", "extra_args"])
+def test_refusals_never_echo_the_secret_value(where: str, secret: str) -> None:
+    data = {
+        "env": {"model": M, "env": {"HF_TOKEN": secret}},
+        "flags": {"model": M, "flags": {"api_key": secret}},
+        "extra_args": {"model": M, "flags": {"extra_args": {"--hf-token": secret}}},
+    }[where]
+    for call in (lambda: parse_inventory([(HOST, data, None)]), lambda: parse_host(HOST, data)):
+        with pytest.raises(SpecError) as e:
+            call()
+        # what an operator sees, traceback and chained exceptions included (pydantic's own error has it)
+        shown = "".join(traceback.format_exception(e.value))
+        assert "never" in shown
+        assert secret not in shown
+
+
+@pytest.mark.parametrize("data", [None, {}])
+def test_missing_vllm_data_refused(data: dict | None) -> None:
+    assert problems_of(data) == [f"{HOST}: vllm: missing (every host in a vLLM inventory needs a vllm dict)"]
+
+
+def test_several_hosts_reported_at_once() -> None:
+    good = {"model": M}
+    with pytest.raises(SpecError) as e:
+        parse_inventory([
+            ("gpu-01", {"model": M, "flags": {"max_num_seq": 1}}, None),
+            ("gpu-02", good, None),
+            ("gpu-03", {"model": M, "accelerator": "tpu"}, None),
+            ("gpu-04", None, None),
+        ])
+    lines = e.value.problems
+    assert len(lines) == 3
+    assert lines[0].startswith("gpu-01: vllm.instances[0].flags.max_num_seq: ")
+    assert lines[1].startswith("gpu-03: vllm.accelerator: ")
+    assert lines[2].startswith("gpu-04: vllm: missing")
+    assert not any(line.startswith("gpu-02") for line in lines)
+
+
+def test_several_problems_of_one_host_reported_at_once() -> None:
+    lines = problems_of({"model": M, "version": "latest", "accelerator": "tpu", "keep_releases": 0})
+    fields = sorted(line.split(": ", 2)[1] for line in lines)
+    assert fields == ["vllm.accelerator", "vllm.keep_releases", "vllm.version"]
+
+
+def test_good_inventory_returns_one_spec_per_host() -> None:
+    specs = parse_inventory([("a", {"model": M}, None), ("b", {"model": M, "accelerator": "cpu"}, None)])
+    assert list(specs) == ["a", "b"]
+    assert all(isinstance(s, HostSpec) for s in specs.values())
+    assert specs["b"].accelerator == "cpu"
+
+
+# --- defaults and merging -------------------------------------------------------------------------------
+def test_deep_merge_host_wins_and_nested_dicts_merge() -> None:
+    base = {"version": "0.33.0", "flags": {"max_num_seqs": 128, "gpu_memory_utilization": 0.85},
+            "env": {"A": "1"}, "instances": [{"name": "x"}]}
+    over = {"version": "0.32.0", "flags": {"max_num_seqs": 64}, "instances": [{"name": "y"}]}
+    before = copy.deepcopy(base), copy.deepcopy(over)
+    assert deep_merge(base, over) == {
+        "version": "0.32.0",
+        "flags": {"max_num_seqs": 64, "gpu_memory_utilization": 0.85},
+        "env": {"A": "1"},
+        "instances": [{"name": "y"}],  # lists are replaced, not merged
+    }
+    assert (base, over) == before, "deep_merge must not modify its inputs"
+
+
+def test_deep_merge_scalar_replaces_mapping_and_back() -> None:
+    assert deep_merge({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
+    assert deep_merge({"a": 2}, {"a": {"b": 1}}) == {"a": {"b": 1}}
+    assert deep_merge({}, {"a": {"b": {"c": 1}}}) == {"a": {"b": {"c": 1}}}
+    nested = deep_merge({"a": {"b": {"c": 1, "d": 2}}}, {"a": {"b": {"c": 3}}})
+    assert nested == {"a": {"b": {"c": 3, "d": 2}}}
+
+
+def test_defaults_under_host_data() -> None:
+    defaults = {"version": "0.33.0", "install_source": "registry",
+                "flags": {"max_num_seqs": 128, "gpu_memory_utilization": 0.85}}
+    frozen = copy.deepcopy(defaults)
+    spec = parse_host(HOST, {"model": M, "flags": {"max_num_seqs": 64}, "install_source": "cache"}, defaults)
+    assert spec.version == "0.33.0"
+    assert spec.install_source == "cache"
+    flags = spec.instances[0].flags
+    assert flags.max_num_seqs == 64
+    assert flags.gpu_memory_utilization == 0.85
+    assert defaults == frozen, "parse_host must not modify the group defaults"
+
+
+def test_defaults_validated_as_well() -> None:
+    lines = problems_of({"model": M}, {"flags": {"swap_space": 4}})
+    assert lines == [f"{HOST}: vllm.instances[0].flags.swap_space: removed in vLLM 0.18 (no replacement "
+                     "flag); delete it from the inventory. For CPU offload see kv-offloading-size or "
+                     "cpu-offload-gb in extra_args"]
+
+
+def test_default_flags_apply_to_every_instance() -> None:
+    spec = parse_host(HOST, {"instances": [{"name": "a", "model": M}, {"name": "b", "model": M,
+                                                                        "flags": {"port": 8001}}]},
+                      {"flags": {"max_num_seqs": 128}})
+    assert [i.flags.max_num_seqs for i in spec.instances] == [128, 128]
+
+
+# --- the one-instance shorthand -------------------------------------------------------------------------
+def test_shorthand_is_one_default_instance() -> None:
+    spec = parse_host(HOST, {"version": "0.33.0", "model": M, "gpus": 2, "flags": {"port": 8100},
+                             "env": {"VLLM_LOGGING_LEVEL": "INFO"}})
+    assert spec.version == "0.33.0"
+    assert len(spec.instances) == 1
+    inst = spec.instances[0]
+    assert inst.name == "default"
+    assert inst.model.name == "qwen" and inst.model.path == "/srv/models/qwen"
+    assert inst.gpus == 2
+    assert inst.flags.port == 8100
+    assert inst.env == {"VLLM_LOGGING_LEVEL": "INFO"}
+    assert inst.api_key_env == "VLLM_API_KEY"
+    assert inst.hf_token_env is None
+    assert inst.port_protected_elsewhere is False
+    assert inst.cpu_kvcache_gib == 1
+
+
+def test_shorthand_equals_the_instances_form() -> None:
+    short = parse_host(HOST, {"model": M, "flags": {"max_num_seqs": 32}, "name": "chat"})
+    full = parse_host(HOST, {"instances": [{"name": "chat", "model": M, "flags": {"max_num_seqs": 32}}]})
+    assert short == full
+
+
+def test_host_defaults() -> None:
+    spec = parse_host(HOST, {"model": M})
+    assert (spec.version, spec.accelerator, spec.variant, spec.install_source, spec.keep_releases,
+            spec.ready_timeout_s) == ("0.32.0", "cuda", None, "cache", 3, 600)
+
+
+@pytest.mark.parametrize("data", [
+    {"model": {"name": "qwen", "hf_repo": "Qwen/Qwen3-8B", "revision": "abc123"}, "hf_token_env": "HF_TOKEN"},
+    {"model": {"name": "qwen", "host_path": "/data/models/qwen"}},
+    {"model": M, "version": "0.32.0.post1", "accelerator": "cpu", "cpu_kvcache_gib": 16},
+    {"model": M, "env": {"VLLM_LOGGING_LEVEL": "DEBUG", "HTTPS_PROXY": "http://proxy:3128"}},
+    {"model": M, "api_key_env": "FLEET_PROD_VLLM_KEY", "flags": {"host": "0.0.0.0"}},
+    {"model": M, "flags": {"max_num_batched_tokens": 2048, "max_model_len": 8192}},
+    {"instances": [{"name": "chat", "model": M, "gpus": [0, 1]},
+                   {"name": "embed-2", "model": M, "gpus": [2], "flags": {"port": 8001}}]},
+], ids=["hf-repo", "host-path", "cpu-post-release", "plain-env", "custom-key-env", "chunked-default", "two"])
+def test_good_hosts_accepted(data: dict) -> None:
+    assert isinstance(parse_host(HOST, data), HostSpec)
+
+
+def test_model_beside_instances_is_a_default_they_inherit() -> None:
+    spec = parse_host(HOST, {"model": M,
+                             "instances": [{"name": "a"}, {"name": "b", "flags": {"port": 8001}}]})
+    assert [i.model.name for i in spec.instances] == ["qwen", "qwen"]
+
+
+def test_typo_outside_flags_suggests_the_closest_name() -> None:
+    lines = problems_of({"model": M, "api_key_evn": "X"})
+    assert "api_key_env" in lines[0]
