@@ -1,0 +1,110 @@
+"""hoststate.py (runs on hosts) against a temporary root: commit, restore, toggle, prune, refusals."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture()
+def hs(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_FLEET_ROOT", str(tmp_path))
+    import fleet.hoststate as mod
+
+    mod = importlib.reload(mod)
+    for d in ("etc/vllm", "etc/systemd/system", "opt/vllm/releases", "var/lib/vllm-fleet"):
+        (tmp_path / d).mkdir(parents=True)
+    yield mod, tmp_path
+    monkeypatch.delenv("VLLM_FLEET_ROOT")
+    importlib.reload(mod)
+
+
+def deploy(root: Path, release: str, config: str, key: str = "k1") -> None:
+    """What the deploy role leaves on a host: a release, the current link and the three files."""
+    (root / "opt/vllm/releases" / release).mkdir(exist_ok=True)
+    link = root / "opt/vllm/current"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(f"releases/{release}")
+    (root / "etc/vllm/default.yaml").write_text(config)
+    (root / "etc/vllm/default.env").write_text(f'VLLM_API_KEY="{key}"\n')
+    (root / "etc/systemd/system/vllm-default.service").write_text("[Service]\n")
+
+
+def test_commit_then_restore_previous_swaps_and_toggles(hs):
+    mod, root = hs
+    deploy(root, "0.31.0-cpu", "max-num-seqs: 8\n")
+    assert mod.commit("0.31.0-cpu")["committed"] is True
+    deploy(root, "0.32.0-cpu", "max-num-seqs: 16\n")
+    assert mod.commit("0.32.0-cpu")["committed"] is True
+
+    out = mod.restore("previous")
+    assert out["release"] == "0.31.0-cpu"
+    assert os.readlink(root / "opt/vllm/current") == "releases/0.31.0-cpu"
+    assert (root / "etc/vllm/default.yaml").read_text() == "max-num-seqs: 8\n"
+    assert oct((root / "etc/vllm/default.env").stat().st_mode & 0o777) == "0o600"
+    assert mod.load()["current"]["release"] == "0.31.0-cpu"
+
+    mod.restore("previous")  # a second rollback returns to where the first started
+    assert os.readlink(root / "opt/vllm/current") == "releases/0.32.0-cpu"
+    assert (root / "etc/vllm/default.yaml").read_text() == "max-num-seqs: 16\n"
+
+
+def test_commit_of_unchanged_state_keeps_previous(hs):
+    mod, root = hs
+    deploy(root, "0.31.0-cpu", "a: 1\n")
+    mod.commit("0.31.0-cpu")
+    deploy(root, "0.32.0-cpu", "a: 2\n")
+    mod.commit("0.32.0-cpu")
+    assert mod.commit("0.32.0-cpu")["committed"] is False
+    assert mod.load()["previous"]["release"] == "0.31.0-cpu"
+
+
+def test_restore_current_undoes_an_uncommitted_change(hs):
+    mod, root = hs
+    deploy(root, "0.32.0-cpu", "good: 1\n")
+    mod.commit("0.32.0-cpu")
+    deploy(root, "0.31.0-cpu", "bad: 1\n", key="k2")
+    (root / "etc/vllm/extra.yaml").write_text("new instance\n")
+    mod.restore("current")
+    assert (root / "etc/vllm/default.yaml").read_text() == "good: 1\n"
+    assert (root / "etc/vllm/default.env").read_text() == 'VLLM_API_KEY="k1"\n'
+    assert not (root / "etc/vllm/extra.yaml").exists()
+    assert os.readlink(root / "opt/vllm/current") == "releases/0.32.0-cpu"
+
+
+def test_nothing_to_roll_back_to_is_refused(hs):
+    mod, root = hs
+    with pytest.raises(SystemExit, match="no deploy has been recorded"):
+        mod.restore("current")
+    deploy(root, "0.32.0-cpu", "a: 1\n")
+    mod.commit("0.32.0-cpu")
+    with pytest.raises(SystemExit, match="there is no previous deploy"):
+        mod.restore("previous")
+
+
+def test_prune_never_removes_current_or_previous(hs):
+    mod, root = hs
+    for i, rel in enumerate(["0.29.0-cpu", "0.30.0-cpu", "0.31.0-cpu", "0.32.0-cpu"]):
+        deploy(root, rel, f"v: {i}\n")
+        mod.commit(rel)
+        os.utime(root / "opt/vllm/releases" / rel, (1000 + i, 1000 + i))
+    # make the previous release the oldest on disk: age alone must not remove it
+    os.utime(root / "opt/vllm/releases/0.31.0-cpu", (1, 1))
+    out = mod.prune(1)
+    assert sorted(out["removed"]) == ["0.29.0-cpu", "0.30.0-cpu"]
+    assert sorted(os.listdir(root / "opt/vllm/releases")) == ["0.31.0-cpu", "0.32.0-cpu"]
+
+
+def test_state_holds_hashes_not_secrets(hs):
+    mod, root = hs
+    deploy(root, "0.32.0-cpu", "a: 1\n", key="very-secret-value")
+    mod.commit("0.32.0-cpu")
+    text = (root / "var/lib/vllm-fleet/state.json").read_text()
+    assert "very-secret-value" not in text
+    assert json.loads(text)["current"]["instances"] == ["default"]
+    assert oct((root / "var/lib/vllm-fleet").stat().st_mode & 0o777) == "0o700"
