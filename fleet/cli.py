@@ -25,6 +25,21 @@ def _lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pyinfra(inventory: str, deploy: str, extra: list[str]) -> int:
+    """Our commands are pyinfra runs: same connection settings, same inventory, no second SSH layer."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    exe = Path(sys.executable).parent / "pyinfra"
+    return subprocess.run([str(exe), "-y", *extra, inventory, str(root / "deploys" / deploy)],
+                          cwd=root).returncode
+
+
+def _plan(args: argparse.Namespace) -> int:
+    return _pyinfra(args.inventory, "plan.py", ["--limit", args.limit] if args.limit else [])
+
+
 def _model(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -49,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     halt = lab_sub.add_parser("halt", help="power a lab host off, keeping its disk")
     halt.add_argument("name")
     lab_p.set_defaults(func=_lab)
+
+    plan_p = sub.add_parser("plan", help="per host: GPUs, driver, variant and why, TP, dtype "
+                                         "(changes nothing)")
+    plan_p.add_argument("inventory")
+    plan_p.add_argument("--limit")
+    plan_p.set_defaults(func=_plan)
 
     model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
     model_sub = model_p.add_subparsers(dest="model_cmd", required=True)

@@ -5,11 +5,13 @@ Runs ON the host (stdlib only, Python >= 3.9), uploaded by the deploy to /usr/lo
 Why on the host and not on the controller: rollback must work from whatever controller is at hand,
 after the one that deployed is gone, so the host keeps its own last-known-good copy.
 
-Layout (root only, 0700: the snapshots hold the env files with secrets, and the vllm user, which can
-write /var/lib/vllm, must not be able to plant a unit that root would restore):
+Layout (root only, 0700: the vllm user, which can write /var/lib/vllm, must not be able to plant a unit
+that root would restore). Env files are NOT snapshotted: the secrets exist on the host only in
+/etc/vllm/<instance>.env, and a rollback keeps the current keys (rolling back a release must not undo a
+key rotation that clients already follow):
 
     /var/lib/vllm-fleet/state.json             {"current": {...}, "previous": {...}}
-    /var/lib/vllm-fleet/snapshots/current/     config, env and unit of every instance, last known good
+    /var/lib/vllm-fleet/snapshots/current/     config and unit of every instance, last known good
     /var/lib/vllm-fleet/snapshots/previous/    the known-good state before that
 
 Commands:
@@ -53,7 +55,7 @@ def _live_files() -> dict[str, str]:
     files = {}
     if os.path.isdir(CONFIG_DIR):
         for name in sorted(os.listdir(CONFIG_DIR)):
-            if name.endswith((".yaml", ".env")) and not name.startswith("."):
+            if name.endswith(".yaml") and not name.startswith("."):
                 files[name] = os.path.join(CONFIG_DIR, name)
     if os.path.isdir(UNIT_DIR):
         for name in sorted(os.listdir(UNIT_DIR)):
@@ -148,11 +150,15 @@ def restore(which: str) -> dict:
             if name.endswith(".service"):
                 _systemctl("disable", "--now", name)
             os.unlink(path)
+            if name.endswith(".yaml") and os.path.exists(path[:-5] + ".env"):
+                os.unlink(path[:-5] + ".env")
     for name in target["files"]:
+        if name.endswith(".env"):
+            continue  # never restored: secrets live only in the current env file
         dest = os.path.join(UNIT_DIR if name.endswith(".service") else CONFIG_DIR, name)
         tmp = dest + ".restore"
         shutil.copy2(os.path.join(snap, name), tmp)
-        os.chmod(tmp, 0o600 if name.endswith(".env") else 0o644)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     if target.get("release"):
         _link_release(target["release"])

@@ -14,6 +14,8 @@ from typing import Any
 
 from fleet.flags import render_flags
 from fleet.gpus import Gpu
+from fleet.modelinfo import ModelInfoError, from_config
+from fleet.sizing import estimate, estimate_cpu
 from fleet.spec import HostSpec, InstanceSpec, SpecError
 
 RELEASES_DIR = "/opt/vllm/releases"
@@ -157,11 +159,12 @@ def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: se
 
 def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
               model_configs: Mapping[str, Mapping[str, Any]] | None = None,
-              choose_variant=None) -> HostPlan:
+              choose_variant=None, weight_bytes: Mapping[str, int | None] | None = None) -> HostPlan:
     """Decide everything for one host, or raise SpecError naming host and field.
 
-    `model_configs` maps instance name -> the model's config.json (for heads); `choose_variant` is
-    fleet.variants.choose_variant, injectable for tests.
+    `model_configs` maps instance name -> the model's config.json (heads for TP, sizes for the memory
+    preflight), `weight_bytes` instance name -> the weights' size from the safetensors headers;
+    `choose_variant` is fleet.variants.choose_variant, injectable for tests.
     """
     if choose_variant is None:
         from fleet.variants import choose_variant
@@ -182,7 +185,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
     for inst in spec.instances:
         try:
             instances.append(_plan_instance(host, spec, inst, facts, environ, model_configs.get(inst.name),
-                                            taken, warnings))
+                                            taken, warnings, (weight_bytes or {}).get(inst.name)))
         except SpecError as e:
             problems.extend(e.problems)
     if problems:
@@ -193,6 +196,36 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
         install_source=spec.install_source, install_spec=choice, keep_releases=spec.keep_releases,
         ready_timeout_s=spec.ready_timeout_s, instances=tuple(instances), warnings=tuple(warnings),
     )
+
+
+def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gpu], tp: int, dtype: str,
+              model_config: Mapping[str, Any] | None, weights: int | None) -> str | None:
+    """Predict an out-of-memory start on the controller (fleet/sizing.py); None when it fits or the
+    model's config is not known here (hub models are sized by vLLM itself at start)."""
+    if not model_config:
+        return None
+    try:
+        info = from_config(model_config, weights)
+    except ModelInfoError:
+        return None
+    f = inst.flags
+    max_len = f.max_model_len or info.max_position_embeddings
+    if max_len is None:
+        return None
+    if accelerator == "cpu":
+        est = estimate_cpu(info, max_len, f.max_num_seqs, inst.cpu_kvcache_gib, dtype,
+                           kv_cache_dtype=f.kv_cache_dtype)
+        return None if est.fits else est.refusal(host, inst.name)
+    if not gpus:
+        return None
+    gest = estimate(info, tp=tp, pp=f.pipeline_parallel_size, max_model_len=max_len,
+                    max_num_seqs=f.max_num_seqs, kv_cache_dtype=f.kv_cache_dtype, dtype=dtype,
+                    gpu_memory_total_mib=min(g.memory_mib for g in gpus),
+                    gpu_memory_utilization=f.gpu_memory_utilization,
+                    max_num_batched_tokens=f.max_num_batched_tokens,
+                    enable_chunked_prefill=f.enable_chunked_prefill, block_size=f.block_size,
+                    enforce_eager=f.enforce_eager, gpu_name=gpus[0].name)
+    return None if gest.fits else gest.refusal(host, inst.name)
 
 
 def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -> list[str]:
@@ -207,7 +240,7 @@ def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -
 
 def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFacts,
                    environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
-                   taken: set[int], warnings: list[str]) -> InstancePlan:
+                   taken: set[int], warnings: list[str], weights: int | None = None) -> InstancePlan:
     where = f"{host}: vllm.instances[{inst.name}]"
     f = inst.flags
     problems = []
@@ -245,6 +278,9 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         taken.update(g.index for g in gpus)
 
     dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
+    refusal = preflight(host, inst, spec.accelerator, gpus, tp, dtype, model_config, weights)
+    if refusal:
+        raise SpecError([refusal])
     if inst.model.path:
         model_dir, stage_from = f"{MODELS_DIR}/{inst.model.name}", inst.model.path
     elif inst.model.host_path:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 from collections.abc import Sequence
@@ -45,8 +46,20 @@ def _extra_sources() -> list[str]:
     return args
 
 
+_LOCKS: dict[str, threading.Lock] = {}
+
+
 def fetch(release: str, requirements: Sequence[str], index_args: Sequence[str] = (), log=print) -> Path:
-    """pip download the release's requirements (and their dependencies) once."""
+    """pip download the release's requirements (and their dependencies) once, whatever the host count.
+
+    The lock matters under pyinfra, which runs every host's operation at once in gevent greenlets
+    (its patched threading.Lock is cooperative there).
+    """
+    with _LOCKS.setdefault(release, threading.Lock()):
+        return _fetch(release, requirements, index_args, log)
+
+
+def _fetch(release: str, requirements: Sequence[str], index_args: Sequence[str], log) -> Path:
     dest = wheel_dir(release)
     marker = dest / ".complete"
     want = "\n".join(requirements) + "\n"
@@ -71,6 +84,11 @@ def _dist_name(wheel: Path) -> str:
 
 def bundle(release: str, excludes: Sequence[str] = ()) -> Path:
     """One tar of the wheels a host installs, without the excluded distributions."""
+    with _LOCKS.setdefault("bundle:" + release, threading.Lock()):
+        return _bundle(release, excludes)
+
+
+def _bundle(release: str, excludes: Sequence[str]) -> Path:
     out = bundle_path(release)
     if out.exists():
         return out

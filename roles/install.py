@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.operations import files, server
+from pyinfra.operations import files, python, server
 
 from fleet import wheels
 from fleet.plan import CURRENT_LINK, MODELS_DIR, RELEASES_DIR, STATE_DIR, HostPlan
@@ -40,7 +40,7 @@ def base() -> None:
                   mode="755", create_remote_dir=True)
 
 
-def build_script(plan: HostPlan, find_links: str | None) -> str:
+def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]]:
     """The shell that builds a release aside and renames it into place; idempotent by construction."""
     rel = plan.release_dir
     tmp = f"{RELEASES_DIR}/.tmp-{plan.release}"
@@ -49,6 +49,9 @@ def build_script(plan: HostPlan, find_links: str | None) -> str:
     py = f"{tmp}/bin/python"
     lines = [
         "set -eu",
+        # one build at a time: an orphaned build (controller killed) finishes before a rerun looks
+        f"exec 9>{RELEASES_DIR}/.lock",
+        "flock 9",
         f"test -d {rel} && exit 0",
         f"rm -rf {tmp}",
         f"uv venv --quiet --relocatable --python {HOST_PYTHON} {tmp}",
@@ -74,28 +77,34 @@ def build_script(plan: HostPlan, find_links: str | None) -> str:
             ': > "$d/RECORD"',
         ]
     lines += [f"{py} -c 'import vllm.version' ", f"mv -T {tmp} {rel}"]
-    return "\n".join(lines)
+    return "\n".join(lines), cmd
+
+
+def _prepare_bundle(plan: HostPlan) -> None:
+    """Controller side, at execution time (so `--dry` downloads nothing): fetch once, bundle once."""
+    build = plan.install_spec.build
+    index_args = [a for url in build.extra_index_urls for a in ("--extra-index-url", url)]
+    if build.index_url:
+        index_args += ["--index-url", build.index_url]
+    wheels.fetch(plan.release, [plan.install_spec.install_spec], index_args)
+    wheels.bundle(plan.release, build.remove_after_install)
 
 
 def release(plan: HostPlan, installed: list[str]):
     """Build the release if the host lacks it; returns the build operation (None when present)."""
     if plan.release in installed:
         return None
-    build = plan.install_spec.build
     find_links = None
     if plan.install_source == "cache":
-        index_args = [a for url in build.extra_index_urls for a in ("--extra-index-url", url)]
-        if build.index_url:
-            index_args += ["--index-url", build.index_url]
-        wheels.fetch(plan.release, [plan.install_spec.install_spec], index_args)
-        tar = wheels.bundle(plan.release, build.remove_after_install)
         find_links = f"{HOST_WHEELS}/{plan.release}"
-        files.put(name=f"wheel bundle {plan.release}", src=str(tar),
-                  dest=f"/var/cache/vllm-fleet/bundles/{plan.release}.tar", create_remote_dir=True)
+        bundle = f"/var/cache/vllm-fleet/bundles/{plan.release}.tar"
+        python.call(name=f"controller wheel cache for {plan.release}", function=_prepare_bundle, plan=plan)
+        files.put(name=f"wheel bundle {plan.release}", src=str(wheels.bundle_path(plan.release)), dest=bundle,
+                  create_remote_dir=True, assume_exists=True)
         server.shell(name=f"unpack wheels {plan.release}", commands=[
-            f"rm -rf {find_links} && mkdir -p {find_links} && "
-            f"tar -C {find_links} -xf /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
-    built = server.shell(name=f"build release {plan.release}", commands=[build_script(plan, find_links)])
+            f"rm -rf {find_links} && mkdir -p {find_links} && tar -C {find_links} -xf {bundle}"])
+    script, cmd = build_script(plan, find_links)
+    built = server.shell(name=f"build release {plan.release}: {shlex.join(cmd)}", commands=[script])
     if find_links:
         server.shell(name="drop the unpacked wheels", commands=[
             f"rm -rf {find_links} /var/cache/vllm-fleet/bundles/{plan.release}.tar"])

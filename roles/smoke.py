@@ -55,8 +55,9 @@ class Target:
 
 
 def run(command: str) -> tuple[bool, str]:
+    """A read or repair command on the host, outside pyinfra's operation log; stdout and stderr."""
     status, out = host.run_shell_command(command)
-    return status, out.stdout
+    return status, out.output
 
 
 def journal(unit: str, lines: int = 25) -> str:
@@ -116,22 +117,31 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
     if not did_change:
         RESULTS.extend(results)
         raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
-    ok, out = run(f"{HOSTSTATE} restore current")
-    if not ok:
+    try:
+        release, again = restore_and_check(plan, "current")
+    except SmokeFailed as e:
         for r in failed:
             r.note = "no known-good state to roll back to"
         RESULTS.extend(results)
-        raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({out.strip()}): "
-                          f"{reason}\n{tail}")
-    restored = json.loads(out.strip().splitlines()[-1])
-    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {restored['release']}")
-    again = [check(t, restored["release"], plan.ready_timeout_s) for t in restored_targets(plan)]
-    for r in again:
-        r.note = f"rolled back to {restored['release']}" + ("" if r.ok else " and STILL FAILING")
-    RESULTS.extend(again)
-    raise SmokeFailed(f"{host.name}: change failed and was rolled back to {restored['release']} "
+        raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {reason}\n{tail}"
+                          ) from None
+    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {release}")
+    raise SmokeFailed(f"{host.name}: change failed and was rolled back to {release} "
                       f"({'serving again' if all(r.ok for r in again) else 'which also fails'}): "
                       f"{reason}\n{tail}")
+
+
+def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.SmokeResult]]:
+    """Put a snapshot back (hoststate.py restore), then smoke-test what it describes."""
+    ok, out = run(f"{HOSTSTATE} restore {which}")
+    if not ok:
+        raise SmokeFailed(out.strip().splitlines()[-1] if out.strip() else "restore failed")
+    release = json.loads(out.strip().splitlines()[-1])["release"]
+    results = [check(t, release, plan.ready_timeout_s) for t in restored_targets(plan)]
+    for r in results:
+        r.note = f"rolled back to {release}" + ("" if r.ok else " and STILL FAILING")
+    RESULTS.extend(results)
+    return release, results
 
 
 def report() -> None:
@@ -144,10 +154,15 @@ def report() -> None:
             json.dump([r.as_dict() for r in RESULTS], f, indent=2)
 
 
-def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
+def register_report() -> None:
+    """Print the table once, after pyinfra has run every host (the process's exit)."""
     global _registered
     if not _registered:
         atexit.register(report)
         _registered = True
+
+
+def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
+    register_report()
     python.call(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", function=verify, plan=plan,
                 changed=changed, wait=wait, had_state=had_state)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
 
+from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, parse_inventory
 from roles import install, model, service
@@ -29,7 +31,7 @@ class Refused(PyinfraError):
 _SPECS: dict[str, HostSpec] | None = None
 
 
-def inventory_specs() -> dict[str, HostSpec]:
+def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
     global _SPECS
     if _SPECS is None:
         try:
@@ -40,23 +42,24 @@ def inventory_specs() -> dict[str, HostSpec]:
             raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
         missing = [p for name, spec in specs.items() for inst in spec.instances
                    for p in missing_secrets(name, inst, os.environ)]
-        if missing:
+        if missing and check_secrets:
             raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
         _SPECS = specs
     return _SPECS
 
 
-def _model_configs(spec: HostSpec) -> dict[str, dict[str, Any]]:
-    """config.json of staged models, read on the controller (heads for the tensor-parallel rule)."""
-    out = {}
+def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None]]:
+    """config.json and weight size of staged models, read on the controller (TP rule, memory preflight)."""
+    configs, weights = {}, {}
     for inst in spec.instances:
         if inst.model.path:
             cfg = Path(inst.model.path) / "config.json"
             if not cfg.exists():
                 raise Refused(f"{host.name}: vllm.instances[{inst.name}].model.path: {cfg} does not exist "
                               "on the controller")
-            out[inst.name] = json.loads(cfg.read_text())
-    return out
+            configs[inst.name] = json.loads(cfg.read_text())
+            weights[inst.name] = weight_bytes_from_dir(inst.model.path)
+    return configs, weights
 
 
 def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
@@ -76,7 +79,8 @@ def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
     spec = inventory_specs()[host.name]
     facts, vh = host_facts(spec)
     try:
-        plan = plan_host(host.name, spec, facts, os.environ, _model_configs(spec))
+        configs, weights = _model_facts(spec)
+        plan = plan_host(host.name, spec, facts, os.environ, configs, weight_bytes=weights)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
     for w in plan.warnings:
@@ -103,6 +107,39 @@ def deploy_vllm() -> None:
     changes = [service.configure(plan, inst, also_changed=[switched, *staged_models[i]])
                for i, inst in enumerate(plan.instances)]
     verify_op(plan, changed=lambda: any(c() for c in changes), had_state=bool(vh["state"]))
+
+
+_ROWS: list = []
+
+
+def plan_report() -> None:
+    """Facts and plan only, no operation: one row per host for `vllm-fleet plan`."""
+    import atexit
+
+    from fleet import report
+    from roles.install import build_script
+
+    if not _ROWS:
+        atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))))
+    spec = inventory_specs(check_secrets=False)[host.name]
+    facts, vh = host_facts(spec)
+    row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
+                         driver=str(facts.driver) if facts.driver else "-")
+    _ROWS.append(row)
+    try:
+        configs, weights = _model_facts(spec)
+        # secrets are checked by the deploy; the plan only needs their names
+        environ = {**{i.api_key_env: "-" for i in spec.instances if i.api_key_env},
+                   **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
+        plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights)
+    except (SpecError, Refused) as e:
+        row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
+        return
+    find_links = f"/var/cache/vllm-fleet/wheels/{plan.release}" if plan.install_source == "cache" else None
+    row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
+    row.install = shlex.join(build_script(plan, find_links)[1])
+    row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}, {i.dtype})" for i in plan.instances]
+    row.warnings = list(plan.warnings)
 
 
 def smoke_only() -> None:

@@ -902,17 +902,7 @@ def test_only_the_worked_around_problem_is_not_blocking() -> None:
 # --- the pyinfra facts, run in a shell against a simulated nvidia-smi -------------------------------------
 # The fake nvidia-smi answers --query-gpu from a real full-field capture (header with units) by column
 # name, or prints a real error capture, so the fact's shell and process() see what a host would print.
-FAKE_SMI = r"""#!/bin/sh
-if [ -n "$FAKE_SMI_ERROR" ]; then cat "$FAKE_SMI_ERROR"; exit "$FAKE_SMI_RC"; fi
-for a in "$@"; do case "$a" in --query-gpu=*) q="${a#--query-gpu=}";; esac; done
-case ",$q," in *,compute_cap,*)
-    if [ -n "$FAKE_SMI_REJECT_COMPUTE_CAP" ]; then cat "$FAKE_SMI_REJECT_COMPUTE_CAP"; exit 2; fi;; esac
-exec awk -F', ' -v q="$q" '
-    NR == 1 { for (i = 1; i <= NF; i++) { h = $i; sub(/ \[.*$/, "", h); col[h] = i }
-              n = split(q, f, ","); next }
-    NF > 0 { line = ""; for (j = 1; j <= n; j++) { v = $(col[f[j]]); sub(/ MiB$/, "", v)
-             line = line (j > 1 ? ", " : "") v }; print line }' "$FAKE_SMI_CAPTURE"
-"""
+FAKE_SMI = (FIXTURES / "fake-nvidia-smi.sh").read_text()
 
 
 @pytest.fixture

@@ -67,23 +67,29 @@ def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
     return Run(proc.returncode, proc.stdout + proc.stderr, smoke)
 
 
-def on(host: str, command: str) -> str:
-    out = lab.ssh(lab.LabHost(int(host.removeprefix("lab"))), command, timeout=60)
-    return out.stdout
+def on(host: str, command: str, stdin: str | None = None) -> str:
+    h = lab.LabHost(int(host.removeprefix("lab")))
+    if stdin is None:
+        return lab.ssh(h, command, timeout=60).stdout
+    return subprocess.run(["ssh", "-i", str(lab.ssh_key()), *lab.SSH_OPTS, f"root@{h.address}", command],
+                          input=stdin, text=True, capture_output=True, timeout=60).stdout
 
 
-def api_get(host: str, path: str, instance: str = "default", port: int = 8000) -> tuple[int, str]:
-    """GET on the host's loopback with the key read from its env file, so the key is in no argv."""
+def api_get(host: str, path: str, instance: str = "default", port: int = 8000,
+            key: str | None = None) -> tuple[int, str]:
+    """GET on the host's loopback with the key from its env file (or `key`, sent inside the script on
+    stdin), so no key is ever in an argv."""
+    read_key = ("env = dict(l.split('=', 1) for l in open('/etc/vllm/" + instance + ".env') if '=' in l)\n"
+                "key = env['VLLM_API_KEY'].strip().strip(chr(34))\n") if key is None else f"key = {key!r}\n"
     script = (
         "import sys, urllib.request, urllib.error\n"
-        f"env = dict(l.split('=', 1) for l in open('/etc/vllm/{instance}.env') if '=' in l)\n"
-        "key = env['VLLM_API_KEY'].strip().strip(chr(34))\n"
+        + read_key +
         f"req = urllib.request.Request('http://127.0.0.1:{port}{path}', "
         "headers={'Authorization': 'Bearer ' + key})\n"
         "try:\n    r = urllib.request.urlopen(req, timeout=30); print(r.status); print(r.read().decode())\n"
         "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
     )
-    out = on(host, "python3 - <<'PY'\n" + script + "PY")
+    out = on(host, "python3 -", stdin=script)
     status, _, body = out.partition("\n")
     return int(status or 0), body
 

@@ -46,7 +46,6 @@ def test_commit_then_restore_previous_swaps_and_toggles(hs):
     assert out["release"] == "0.31.0-cpu"
     assert os.readlink(root / "opt/vllm/current") == "releases/0.31.0-cpu"
     assert (root / "etc/vllm/default.yaml").read_text() == "max-num-seqs: 8\n"
-    assert oct((root / "etc/vllm/default.env").stat().st_mode & 0o777) == "0o600"
     assert mod.load()["current"]["release"] == "0.31.0-cpu"
 
     mod.restore("previous")  # a second rollback returns to where the first started
@@ -70,10 +69,13 @@ def test_restore_current_undoes_an_uncommitted_change(hs):
     mod.commit("0.32.0-cpu")
     deploy(root, "0.31.0-cpu", "bad: 1\n", key="k2")
     (root / "etc/vllm/extra.yaml").write_text("new instance\n")
+    (root / "etc/vllm/extra.env").write_text('VLLM_API_KEY="k3"\n')
     mod.restore("current")
     assert (root / "etc/vllm/default.yaml").read_text() == "good: 1\n"
-    assert (root / "etc/vllm/default.env").read_text() == 'VLLM_API_KEY="k1"\n'
+    # keys are not rolled back: a rotation clients already follow stays in force
+    assert (root / "etc/vllm/default.env").read_text() == 'VLLM_API_KEY="k2"\n'
     assert not (root / "etc/vllm/extra.yaml").exists()
+    assert not (root / "etc/vllm/extra.env").exists()
     assert os.readlink(root / "opt/vllm/current") == "releases/0.32.0-cpu"
 
 
@@ -100,11 +102,13 @@ def test_prune_never_removes_current_or_previous(hs):
     assert sorted(os.listdir(root / "opt/vllm/releases")) == ["0.31.0-cpu", "0.32.0-cpu"]
 
 
-def test_state_holds_hashes_not_secrets(hs):
+def test_secrets_are_never_copied_into_the_state(hs):
     mod, root = hs
     deploy(root, "0.32.0-cpu", "a: 1\n", key="very-secret-value")
     mod.commit("0.32.0-cpu")
     text = (root / "var/lib/vllm-fleet/state.json").read_text()
     assert "very-secret-value" not in text
+    for f in (root / "var/lib/vllm-fleet").rglob("*"):
+        assert not f.is_file() or "very-secret-value" not in f.read_text()
     assert json.loads(text)["current"]["instances"] == ["default"]
     assert oct((root / "var/lib/vllm-fleet").stat().st_mode & 0o777) == "0o700"

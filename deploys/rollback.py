@@ -1,0 +1,5 @@
+"""Roll the targeted hosts back one step: `pyinfra inventories/lab.py deploys/rollback.py --limit lab2`."""
+
+from roles.rollback import rollback
+
+rollback()

@@ -1,0 +1,35 @@
+"""Roll a host back one step, from the host's own record of what was deployed before.
+
+Nothing comes from the controller's memory: the previous release, config, env file and unit are the
+host's snapshot (hoststate.py). Current and previous swap, so a second rollback returns to where the
+first started. A host with no previous deploy is refused before any host is touched.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.operations import python
+
+from roles import smoke
+from roles.facts import VllmHost
+from roles.vllm import Refused, plan_this_host
+
+
+def _rollback(plan) -> None:
+    release, results = smoke.restore_and_check(plan, "previous")
+    logger.info(f"[{host.name}] rolled back to {release}")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        tail = "\n".join(smoke.journal(f"vllm-{r.instance}.service") for r in failed)
+        raise smoke.SmokeFailed(f"{host.name}: rolled back to {release} but the smoke test fails: "
+                                f"{'; '.join(r.failures() for r in failed)}\n{tail}")
+
+
+def rollback() -> None:
+    state = host.get_fact(VllmHost)["state"] or {}
+    if not state.get("previous"):
+        raise Refused(f"{host.name}: nothing to roll back to: no previous deploy is recorded on this host "
+                      "(nothing was changed on any host)")
+    plan, _ = plan_this_host()
+    smoke.register_report()
+    python.call(name=f"roll back to {state['previous'].get('release')}", function=_rollback, plan=plan)

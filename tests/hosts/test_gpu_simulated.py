@@ -1,0 +1,92 @@
+"""Issue 3 on a real host whose GPU is SIMULATED: lab2 gets /usr/local/bin/nvidia-smi, a script that
+replays a real captured output (tests/fixtures/nvidia/, see INDEX.md for where each came from).
+
+Captures used: query_csv/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt (1x H100 80GB HBM3, driver
+590.48.01) and errors/nvml-mismatch-with-lib-version-550.144.txt ("Driver/library version mismatch").
+No GPU exists on this machine; nothing here installs a CUDA build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet import lab
+from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, host_files_digest, on, unit_props
+
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
+H100 = "query_csv/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt"
+MISMATCH = "errors/nvml-mismatch-with-lib-version-550.144.txt"
+CUDA = {"lab2": {"accelerator": "cuda", "install_source": "registry"}}
+
+
+def _put(host: str, path: str, content: str, mode: str) -> None:
+    h = lab.LabHost(int(host.removeprefix("lab")))
+    subprocess.run(["ssh", "-i", str(lab.ssh_key()), *lab.SSH_OPTS, f"root@{h.address}",
+                    f"cat > {path} && chmod {mode} {path}"], input=content, text=True, check=True)
+
+
+@pytest.fixture()
+def simulated_gpu(deployed):
+    """lab2's nvidia-smi replays a capture; removed afterwards so later tests see a CPU host again."""
+    _put("lab2", "/root/fake-nvidia-smi.sh", (FIXTURES / "fake-nvidia-smi.sh").read_text(), "755")
+
+    def use(capture: str | None = None, error: str | None = None, rc: int = 0) -> None:
+        if capture:
+            _put("lab2", "/root/capture.txt", (FIXTURES / capture).read_text(), "644")
+            env = "FAKE_SMI_CAPTURE=/root/capture.txt"
+        else:
+            _put("lab2", "/root/error.txt", (FIXTURES / error).read_text(), "644")
+            env = f"FAKE_SMI_ERROR=/root/error.txt FAKE_SMI_RC={rc}"
+        wrapper = f"#!/bin/sh\nexec env {env} /root/fake-nvidia-smi.sh \"$@\"\n"
+        _put("lab2", "/usr/local/bin/nvidia-smi", wrapper, "755")
+
+    yield use
+    on("lab2", "rm -f /usr/local/bin/nvidia-smi /root/fake-nvidia-smi.sh /root/capture.txt /root/error.txt")
+
+
+def _plan(overrides: dict) -> subprocess.CompletedProcess:
+    env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps(overrides)}
+    return subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "plan", INVENTORY], cwd=ROOT,
+                          env=env, text=True, capture_output=True, timeout=300)
+
+
+def test_plan_and_dry_run_show_the_cuda_13_build_for_a_simulated_h100(simulated_gpu):
+    simulated_gpu(capture=H100)
+    out = _plan(CUDA).stdout
+    row = next(line for line in out.splitlines() if line.startswith("lab2 "))
+    assert "cuda" in row and "1x NVIDIA H100 80GB HBM3 (9.0, 80 GiB)" in row and "590.48.01" in row
+    assert "cu130" in row and "0.32.0-cu130" in row
+    assert "default: tiny-llama (TP 1, bfloat16)" in row  # compute capability 9.0 -> bf16
+    install = next(line for line in out.splitlines() if line.startswith("lab2: install: "))
+    assert install.endswith("--extra-index-url https://download.pytorch.org/whl/cu130 "
+                            "--index-strategy unsafe-best-match vllm==0.32.0")
+    assert next(line for line in out.splitlines() if line.startswith("lab1 ")).split()[1] == "cpu"
+
+    before = host_files_digest("lab2")
+    env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps(CUDA)}
+    dry = subprocess.run([PYINFRA, "--dry", "--limit", "lab2", INVENTORY, "deploys/vllm.py"], cwd=ROOT,
+                         env=env, text=True, capture_output=True, timeout=300)
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    text = dry.stdout + dry.stderr
+    assert ("build release 0.32.0-cu130: uv pip install --python "
+            "/opt/vllm/releases/.tmp-0.32.0-cu130/bin/python") in text
+    assert "whl/cu130 --index-strategy unsafe-best-match vllm==0.32.0" in text
+    assert host_files_digest("lab2") == before  # a dry run changes nothing
+
+
+def test_driver_library_mismatch_is_refused_and_nothing_changes(simulated_gpu):
+    simulated_gpu(error=MISMATCH, rc=18)
+    before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in ("lab1", "lab2")}
+    run = deploy(overrides={"lab2": {"accelerator": "cuda"}})
+    assert run.rc != 0
+    assert "lab2" in run.output and "mismatch" in run.output.lower()
+    assert "reboot" in run.output.lower() and "reload" in run.output.lower()
+    assert "Beginning operation run" not in run.output
+    for h in ("lab1", "lab2"):
+        assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]

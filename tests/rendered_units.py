@@ -1,0 +1,34 @@
+"""Units exactly as the deploy renders them, for a CPU lab host and a GPU host (2x H100, GPUs 0, 1).
+
+The GPU host is described literally here (no GPU on this machine); rendering runs in a subprocess so
+the planner's imports stay those of a deploy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def render_units() -> dict[str, str]:
+    """The deploy's own rendering for a CPU lab host and a GPU host (2x H100, GPUs 0 and 1)."""
+    code = r"""
+import json
+from fleet import render
+from fleet.gpus import DriverVersion, Gpu
+from fleet.lab_inventory import lab_vllm
+from fleet.plan import HostFacts, plan_host
+from fleet.spec import parse_host
+env = {"VLLM_API_KEY": "k"}
+cpu = plan_host("lab1", parse_host("lab1", lab_vllm(1)), HostFacts(), env)
+gpus = tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"0:{i}") for i in range(2))
+g = parse_host("gpu1", {"model": {"name": "m", "host_path": "/var/lib/vllm/models/m"}})
+gpu = plan_host("gpu1", g, HostFacts(gpus=gpus, driver=DriverVersion.parse("580.105.08")), env)
+print(json.dumps({"cpu": render.unit(cpu, cpu.instances[0]), "gpu": render.unit(gpu, gpu.instances[0])}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
