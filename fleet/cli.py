@@ -40,6 +40,27 @@ def _plan(args: argparse.Namespace) -> int:
     return _pyinfra(args.inventory, "plan.py", ["--limit", args.limit] if args.limit else [])
 
 
+def _rollout(args: argparse.Namespace, deploy: str = "vllm.py") -> int:
+    from fleet import rollout
+
+    try:
+        result = rollout.run(args.inventory, deploy=deploy, canary=args.canary, wave=args.wave,
+                             max_unavailable=args.max_unavailable, limit=args.limit)
+    except (ValueError, RuntimeError) as e:
+        print(f"{args.cmd}: {e}", file=sys.stderr)
+        return 2
+    print("\n" + result.table())
+    return 0 if result.ok else 1
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    return _rollout(args, deploy="rollback.py")
+
+
+def _status(args: argparse.Namespace) -> int:
+    return _pyinfra(args.inventory, "smoke.py", ["--limit", args.limit] if args.limit else [])
+
+
 def _model(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -70,6 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     plan_p.add_argument("inventory")
     plan_p.add_argument("--limit")
     plan_p.set_defaults(func=_plan)
+
+    for name, func, helptext, canary in (
+        ("rollout", _rollout, "canary, then waves; stops at the first failure", 1),
+        ("rollback", _rollback, "roll hosts back one step, wave by wave", 0),
+    ):
+        r = sub.add_parser(name, help=helptext)
+        r.add_argument("inventory")
+        r.add_argument("--canary", type=int, default=canary,
+                       help=f"hosts in the first wave (default {canary})")
+        r.add_argument("--wave", default="1", help="hosts per later wave: N or P%% of the fleet (default 1)")
+        r.add_argument("--max-unavailable", type=int, help="never more hosts changing at once than this")
+        r.add_argument("--limit", help="comma-separated hosts, in inventory order")
+        r.set_defaults(func=func)
+    st = sub.add_parser("status", help="per host: release, config, service state, smoke test (read only)")
+    st.add_argument("inventory")
+    st.add_argument("--limit")
+    st.set_defaults(func=_status)
 
     model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
     model_sub = model_p.add_subparsers(dest="model_cmd", required=True)

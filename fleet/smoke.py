@@ -34,6 +34,7 @@ class SmokeResult:
     release: str
     checks: list[Check] = field(default_factory=list)
     note: str = ""  # e.g. "rolled back to 0.31.0-cpu"
+    changed: bool = False  # the deploy changed this host (and restarted what it had to)
 
     @property
     def ok(self) -> bool:
@@ -48,7 +49,7 @@ class SmokeResult:
 
     def as_dict(self) -> dict:
         return {"host": self.host, "instance": self.instance, "ok": self.ok, "model": self.model,
-                "release": self.release, "tp": self.tp, "note": self.note,
+                "release": self.release, "tp": self.tp, "note": self.note, "changed": self.changed,
                 "checks": [c.__dict__ for c in self.checks]}
 
 

@@ -38,7 +38,7 @@ def bundle_path(release: str) -> Path:
 
 def _extra_sources() -> list[str]:
     """Fleet-wide wheel sources, e.g. a find-links folder holding torch's CPU build, or a mirror."""
-    args = []
+    args = ["--retries", "1", "--timeout", "20"]  # an unreachable index costs seconds, not minutes
     for fl in filter(None, os.environ.get("VLLM_FLEET_FIND_LINKS", "").split(",")):
         args += ["--find-links", fl]
     for idx in filter(None, os.environ.get("VLLM_FLEET_EXTRA_INDEX_URLS", "").split(",")):
@@ -68,6 +68,10 @@ def _fetch(release: str, requirements: Sequence[str], index_args: Sequence[str],
     dest.mkdir(parents=True, exist_ok=True)
     log(f"wheel cache: downloading {' '.join(requirements)} into {dest} (once per release)")
     t0 = time.monotonic()
+    if os.environ.get("VLLM_FLEET_VARIANT_INDEXES", "1") == "0":
+        # this controller's own pip configuration already holds the variant's wheels (a mirror, or a
+        # find-links folder with torch's CPU build, as on the lab's machines): skip the public indexes
+        index_args = []
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
            "--only-binary=:all:", *index_args, *_extra_sources(), *requirements]
     proc = subprocess.run(cmd, text=True, capture_output=True)

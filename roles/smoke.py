@@ -106,6 +106,8 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
     results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait) for i in plan.instances]
     failed = [r for r in results if not r.ok]
     did_change = changed()
+    for r in results:
+        r.changed = did_change
     if not failed:
         RESULTS.extend(results)
         if did_change or not had_state:

@@ -110,6 +110,7 @@ def deploy_vllm() -> None:
 
 
 _ROWS: list = []
+_AT_EXIT: list[str] = []
 
 
 def plan_report() -> None:
@@ -119,7 +120,8 @@ def plan_report() -> None:
     from fleet import report
     from roles.install import build_script
 
-    if not _ROWS:
+    if not _AT_EXIT:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
+        _AT_EXIT.append("plan")
         atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))))
     spec = inventory_specs(check_secrets=False)[host.name]
     facts, vh = host_facts(spec)
@@ -142,6 +144,34 @@ def plan_report() -> None:
     row.warnings = list(plan.warnings)
 
 
+_STATUS: list[tuple[str, ...]] = []
+
+
 def smoke_only() -> None:
-    plan, _ = plan_this_host()
+    """`vllm-fleet status`: what the host says is deployed, its units' state, and a smoke test."""
+    import atexit
+    import hashlib
+
+    from roles.facts import UnitState
+
+    if not _AT_EXIT:  # before any fact I/O: pyinfra collects hosts concurrently
+        _AT_EXIT.append("status")
+        atexit.register(_print_status)
+    plan, vh = plan_this_host()
+    current = (vh["state"] or {}).get("current") or {}
+    config_hash = hashlib.sha256(json.dumps(current.get("files", {}), sort_keys=True).encode()).hexdigest()
+    for inst in plan.instances:
+        unit = host.get_fact(UnitState, unit=inst.unit)
+        service = f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}"
+        _STATUS.append((host.name, inst.name, vh["current"] or "-", current.get("release") or "-",
+                        config_hash[:12] if current else "-", current.get("at", "-"), service,
+                        unit.get("MainPID", "-")))
     verify_op(plan, changed=lambda: False, wait=False)
+
+
+def _print_status() -> None:
+    head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID")
+    rows = [head, *sorted(_STATUS)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    print("\n" + "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                            for r in rows))

@@ -8,3 +8,6 @@ if [ -z "${VLLM_API_KEY:-}" ]; then
   VLLM_API_KEY=$(cat .cache/lab-api-key)
   export VLLM_API_KEY
 fi
+# The lab's machines reach PyPI only; torch's CPU build comes from the local folder pip is configured
+# with (pip config list), so the variant's public indexes (download.pytorch.org) are skipped.
+export VLLM_FLEET_VARIANT_INDEXES=${VLLM_FLEET_VARIANT_INDEXES:-0}

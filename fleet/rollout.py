@@ -1,0 +1,161 @@
+"""Canary, then waves, stopping at the first failure: a fleet change that hits one host before fifty.
+
+Each wave is one pyinfra run of the ordinary deploy over `--limit <the wave's hosts>`, so a wave gets
+exactly what a single deploy gets (validation before restart, smoke test, automatic rollback of a host
+that fails). Waves are driven here, in inventory order, because `pyinfra --serial` does not keep it.
+A wave that exits non-zero stops the rollout: later waves are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    wave: int
+    outcome: str = "untouched"  # updated | unchanged | rolled back | failed | unreachable | untouched
+    release: str = "-"
+    tp: str = "-"
+    latency_ms: float | None = None
+    seconds: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class RolloutResult:
+    waves: list[list[str]]
+    hosts: dict[str, HostOutcome] = field(default_factory=dict)
+    stopped_at: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.stopped_at is None
+
+    def table(self) -> str:
+        head = ("HOST", "WAVE", "OUTCOME", "RELEASE", "TP", "SMOKE", "TIME")
+        rows = [(o.host, str(o.wave), o.outcome, o.release, o.tp,
+                 f"{o.latency_ms:.0f} ms" if o.latency_ms is not None else "-",
+                 f"{o.seconds:.0f} s" if o.seconds is not None else "-") for o in self.hosts.values()]
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                 for r in [head, *rows]]
+        by: dict[str, list[str]] = {}
+        for o in self.hosts.values():
+            by.setdefault(o.outcome, []).append(o.host)
+        lines.append("")
+        lines += [f"{k}: {', '.join(v)}" for k, v in by.items()]
+        lines += [f"{o.host}: {o.detail}" for o in self.hosts.values() if o.detail]
+        verdict = ("rollout complete" if self.ok else
+                   f"rollout STOPPED at wave {self.stopped_at}: later waves were not touched")
+        lines.append(f"{verdict} ({self.seconds:.0f} s)")
+        return "\n".join(lines)
+
+
+def waves(hosts: Sequence[str], canary: int = 1, wave: str = "1", max_unavailable: int | None = None
+          ) -> list[list[str]]:
+    """Canary first, then waves of N hosts or P% of the fleet; never more than max_unavailable at once."""
+    if canary < 0:
+        raise ValueError("--canary must be 0 or more")
+    m = re.fullmatch(r"(\d+)(%?)", wave.strip())
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"--wave must be a number of hosts or a percentage, not {wave!r}")
+    size = max(1, math.ceil(len(hosts) * int(m.group(1)) / 100)) if m.group(2) else int(m.group(1))
+    if max_unavailable is not None:
+        if max_unavailable < 1:
+            raise ValueError("--max-unavailable must be at least 1")
+        size = min(size, max_unavailable)
+        canary = min(canary, max_unavailable)
+    out = [list(hosts[:canary])] if canary else []
+    rest = list(hosts[canary:])
+    out += [rest[i:i + size] for i in range(0, len(rest), size)]
+    return [w for w in out if w]
+
+
+def inventory_hosts(inventory: str, limit: str | None = None) -> list[str]:
+    """Host names in inventory order, read by pyinfra itself (the same loader the deploy uses)."""
+    code = ("import json, sys; from pyinfra_cli.inventory import make_inventory; "
+            "inv = make_inventory(sys.argv[1]); print(json.dumps([h.name for h in inv]))")
+    out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
+    names = json.loads(out.stdout.strip().splitlines()[-1])
+    if limit:
+        wanted = [n.strip() for n in limit.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names]
+        if unknown:
+            raise RuntimeError(f"--limit names hosts not in the inventory: {', '.join(unknown)}")
+        names = [n for n in names if n in wanted]
+    return names
+
+
+def _pyinfra(inventory: str, deploy: str, hosts: list[str], smoke_json: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "pyinfra"
+    env = {**os.environ, "VLLM_FLEET_SMOKE_JSON": smoke_json}
+    cmd = [str(exe), "-y", "--limit", ",".join(hosts), inventory, str(ROOT / "deploys" / deploy)]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def _classify(host: str, output: str, smoke: list[dict], rc: int) -> tuple[str, str]:
+    mine = [r for r in smoke if r["host"] == host]
+    if re.search(rf"\[{re.escape(host)}\] (Could not connect|Connection|Authentication)", output):
+        return "unreachable", "could not connect over SSH"
+    if any(r.get("note", "").startswith("rolled back") for r in mine):
+        return "rolled back", next(r["note"] for r in mine if r.get("note"))
+    if mine and all(r["ok"] for r in mine):
+        return ("updated" if any(r.get("changed") for r in mine) else "unchanged"), ""
+    m = re.search(rf"{re.escape(host)}: [^\n]*", output)
+    return "failed", (m.group(0)[:300] if m else f"pyinfra exited {rc}")
+
+
+def run(inventory: str, deploy: str = "vllm.py", canary: int = 1, wave: str = "1",
+        max_unavailable: int | None = None, limit: str | None = None,
+        log: Callable[[str], None] = print) -> RolloutResult:
+    hosts = inventory_hosts(inventory, limit)
+    plan = waves(hosts, canary, wave, max_unavailable)
+    result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w})
+    t0 = time.monotonic()
+    log(f"rollout: {len(hosts)} hosts in {len(plan)} waves: "
+        + " | ".join(",".join(w) for w in plan))
+    for i, group in enumerate(plan, start=1):
+        kind = "canary" if i == 1 and canary else "wave"
+        log(f"rollout: {kind} {i}/{len(plan)}: {', '.join(group)} ...")
+        with tempfile.TemporaryDirectory() as tmp:
+            smoke_json = str(Path(tmp) / "smoke.json")
+            tw = time.monotonic()
+            proc = _pyinfra(inventory, deploy, group, smoke_json)
+            took = time.monotonic() - tw
+            smoke = json.loads(Path(smoke_json).read_text()) if Path(smoke_json).exists() else []
+        output = proc.stdout + proc.stderr
+        for h in group:
+            o = result.hosts[h]
+            o.outcome, o.detail = _classify(h, output, smoke, proc.returncode)
+            o.seconds = took
+            mine = [r for r in smoke if r["host"] == h]
+            if mine:
+                o.release = mine[-1]["release"]
+                o.tp = str(mine[-1]["tp"])
+                o.latency_ms = sum(c["ms"] for r in mine for c in r["checks"] if c["name"] == "completion")
+        log(f"rollout: {kind} {i}/{len(plan)} done in {took:.0f} s: "
+            + ", ".join(f"{h} {result.hosts[h].outcome}" for h in group))
+        if proc.returncode != 0:
+            result.stopped_at = i
+            tail = "\n".join(output.strip().splitlines()[-12:])
+            log(f"rollout: stopping: wave {i} failed (pyinfra exit {proc.returncode}); last lines:\n{tail}")
+            break
+    result.seconds = time.monotonic() - t0
+    return result

@@ -1,0 +1,26 @@
+"""docs/inventory.md stays true: every key the schema accepts is documented there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.flags import ServeFlags
+from fleet.spec import HostSpec, InstanceSpec
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "inventory.md").read_text()
+
+
+@pytest.mark.parametrize("model", [HostSpec, InstanceSpec, ServeFlags])
+def test_every_key_is_documented(model):
+    missing = [k for k in model.model_fields if f"`{k}`" not in DOC]
+    assert missing == []
+
+
+def test_seed_defaults_in_the_doc_match_the_schema():
+    f = ServeFlags()
+    assert (f.gpu_memory_utilization, f.max_num_seqs, f.host, f.port) == (0.90, 256, "127.0.0.1", 8000)
+    for row in ("| `gpu_memory_utilization` | `0.90` |", "| `max_num_seqs` | `256` |",
+                '| `host` | `"127.0.0.1"` |', "| `port` | `8000` |"):
+        assert row in DOC
