@@ -2,7 +2,6 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-export VLLM_API_KEY ?= $(shell cat .cache/lab-api-key 2>/dev/null)
 
 .PHONY: setup demo test unit lint lab-down clean
 

@@ -23,6 +23,7 @@ class VllmHost(FactBase):
             "releases": ["0.31.0-cpu", "0.32.0-cpu"],
             "current": "0.32.0-cpu",
             "cpu_flags": ["avx2", "fma", ...],
+            "units": ["vllm-default.service"],
             "state": {...} or None,
         }
     """
@@ -54,6 +55,7 @@ class VllmHost(FactBase):
             "releases": sorted(r.strip() for r in sections.get("releases", []) if r.strip()),
             "current": current.rsplit("/", 1)[-1] if current else None,
             "cpu_flags": " ".join(sections.get("cpu", [])).split(),
+            "units": sorted(u.strip() for u in sections.get("units", []) if u.strip()),
             "state": state,
         }
 

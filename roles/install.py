@@ -16,6 +16,7 @@ from pyinfra.operations import files, python, server
 from fleet import wheels
 from fleet.plan import CURRENT_LINK, MODELS_DIR, RELEASES_DIR, STATE_DIR, HostPlan
 from fleet.variants import install_command
+from roles.ops import synced_files
 
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
@@ -33,11 +34,11 @@ def base() -> None:
                              (STATE_DIR, "vllm", "750"), (MODELS_DIR, "vllm", "750")):
         files.directory(name=f"directory {path}", path=path, user=user, group=user if user == "root" else
                         "vllm", mode=mode)
-    files.put(name="uv binary", src=str(wheels.uv_binary()), dest="/usr/local/bin/uv", mode="755")
     files.directory(name=f"directory {FLEET_STATE}", path=FLEET_STATE, user="root", group="root", mode="700")
-    for tool in ("hoststate.py", "validate_serve.py"):
-        files.put(name=f"host tool {tool}", src=str(FLEET_SRC / tool), dest=f"{HOST_TOOLS}/{tool}",
-                  mode="755", create_remote_dir=True)
+    synced_files(name="uv and the host tools", mode="755", files=[
+        (str(wheels.uv_binary()), "/usr/local/bin/uv"),
+        *[(str(FLEET_SRC / tool), f"{HOST_TOOLS}/{tool}") for tool in ("hoststate.py", "validate_serve.py")],
+    ])
 
 
 def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]]:

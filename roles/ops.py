@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 from io import BytesIO
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api import FactBase, FileUploadCommand, operation
 from pyinfra.facts.files import File, Sha256File
 
 
@@ -51,3 +52,55 @@ def secret_file(dest: str, content: Secret, staging_dir: str = "/etc/vllm/.stagi
     yield f"install -d -m 0700 -o root -g root {staging_dir}"
     yield FileUploadCommand(BytesIO(data), staged, remote_temp_filename=f"{staged}.part")
     yield f"chown root:root {staged} && chmod 0600 {staged} && mv -f {staged} {dest}"
+
+
+class Manifest(FactBase):
+    """
+    Returns sha256, owner, group and mode of many files in one remote command:
+
+    .. code:: python
+
+        {"/var/lib/vllm/models/tiny/config.json": ("9f2c…", "vllm", "vllm", "640"), "/missing": None}
+    """
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return (f"for p in {quoted}; do if [ -f \"$p\" ]; then "
+                "echo \"$(sha256sum \"$p\" | cut -d' ' -f1) $(stat -c '%U %G %a' \"$p\") $p\"; "
+                "else echo \"- - - - $p\"; fi; done")
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            sha, user, group, mode, path = line.split(" ", 4)
+            out[path] = None if sha == "-" else (sha, user, group, mode)
+        return out
+
+
+@operation()
+def synced_files(files: list[tuple[str, str]], user: str = "root", group: str = "root", mode: str = "644"):
+    """
+    Upload many controller files (src, dest) where content, owner or mode differ: one remote command
+    to compare them all, instead of two or three per file with ``files.put``.
+
+    **Example:**
+
+    .. code:: python
+
+        synced_files(name="model files", files=[("/models/tiny/config.json", "/var/lib/vllm/models/…")])
+    """
+    have = host.get_fact(Manifest, paths=tuple(dest for _, dest in files))
+    dirs = sorted({dest.rsplit("/", 1)[0] for _, dest in files})
+    changed = False
+    for src, dest in files:
+        with open(src, "rb") as f:
+            want = hashlib.sha256(f.read()).hexdigest()
+        if have.get(dest) == (want, user, group, mode.lstrip("0") or "0"):
+            continue
+        if not changed:
+            yield f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}"
+            changed = True
+        yield FileUploadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
+        yield f"chown {user}:{group} {shlex.quote(dest)} && chmod {mode} {shlex.quote(dest)}"
+    if not changed:
+        host.noop(f"{len(files)} files up to date")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from io import StringIO
 
+from pyinfra import host, logger
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
@@ -20,6 +21,19 @@ def stage_config(plan: HostPlan, inst: InstancePlan):
     return files.put(name=f"staged config {inst.name}", src=StringIO(render.serve_config(plan, inst)),
                      dest=f"{STAGED}/{inst.name}.yaml", user="root", group="root", mode="600",
                      create_remote_dir=True)
+
+
+def remove(unit: str) -> list:
+    """An instance gone from the inventory: stop and disable its unit, remove its files, and say so."""
+    name = unit.removeprefix("vllm-").removesuffix(".service")
+    logger.warning(f"[{host.name}] instance {name} is no longer in the inventory: removing {unit}")
+    ops = [systemd.service(name=f"stop and disable {unit} (instance {name} left the inventory)",
+                           service=unit, running=False, enabled=False)]
+    for path in (f"/etc/systemd/system/{unit}", f"/etc/vllm/{name}.yaml", f"/etc/vllm/{name}.env",
+                 f"{STAGED}/{name}.yaml"):
+        ops.append(files.file(name=f"remove {path}", path=path, present=False))
+    systemd.daemon_reload(name="systemd daemon-reload (instance removed)", _if=ops[1].did_change)
+    return ops
 
 
 def configure(plan: HostPlan, inst: InstancePlan, also_changed: list):

@@ -106,7 +106,10 @@ def deploy_vllm() -> None:
     switched = install.switch(plan, vh["current"])
     changes = [service.configure(plan, inst, also_changed=[switched, *staged_models[i]])
                for i, inst in enumerate(plan.instances)]
-    verify_op(plan, changed=lambda: any(c() for c in changes), had_state=bool(vh["state"]))
+    wanted = {inst.unit for inst in plan.instances}
+    removed = [op for unit in vh["units"] if unit not in wanted for op in service.remove(unit)]
+    verify_op(plan, changed=lambda: any(c() for c in changes) or any(op.did_change() for op in removed),
+              had_state=bool(vh["state"]))
 
 
 _ROWS: list = []

@@ -49,8 +49,6 @@ def test_rotation_restarts_and_only_the_new_key_works(leak_run, lab_hosts):
         assert unit_props(h)["MainPID"] != before[h]
         assert api_get(h, "/v1/models", key=DISTINCT)[0] == 401
         assert api_get(h, "/v1/models", key=ROTATED)[0] == 200
-    run = deploy()  # back to the session's key
-    assert run.rc == 0, run.output[-4000:]
 
 
 def test_empty_key_variable_is_refused_naming_it(deployed):
