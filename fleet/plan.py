@@ -23,6 +23,15 @@ CURRENT_LINK = "/opt/vllm/current"
 MODELS_DIR = "/var/lib/vllm/models"
 STATE_DIR = "/var/lib/vllm"
 CONFIG_DIR = "/etc/vllm"
+FLEET_STATE = "/var/lib/vllm-fleet"
+# Directories every vLLM host needs: path -> "owner:group:mode" (as `stat -c %U:%G:%a` prints it).
+BASE_DIRS = {
+    RELEASES_DIR: "root:root:755",
+    CONFIG_DIR: "root:root:755",
+    STATE_DIR: "vllm:vllm:750",
+    MODELS_DIR: "vllm:vllm:750",
+    FLEET_STATE: "root:root:700",
+}
 
 
 @dataclass(frozen=True)

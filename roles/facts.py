@@ -10,7 +10,12 @@ import json
 
 from pyinfra.api import FactBase
 
-from fleet.plan import CURRENT_LINK, RELEASES_DIR
+from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR
+
+
+def _base_ok(lines: list[str]) -> bool:
+    seen = dict(reversed(line.split(" ", 1)) for line in lines if " " in line)
+    return "user-ok" in lines and all(seen.get(path) == want for path, want in BASE_DIRS.items())
 
 
 class VllmHost(FactBase):
@@ -24,6 +29,7 @@ class VllmHost(FactBase):
             "current": "0.32.0-cpu",
             "cpu_flags": ["avx2", "fma", ...],
             "units": ["vllm-default.service"],
+            "base_ok": True,
             "state": {...} or None,
         }
     """
@@ -33,6 +39,9 @@ class VllmHost(FactBase):
             f"echo '## releases'; ls -1 {RELEASES_DIR} 2>/dev/null | grep -v '^\\.' ; "
             f"echo '## current'; readlink {CURRENT_LINK} 2>/dev/null; "
             "echo '## cpu'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2; "
+            f"echo '## base'; id -u vllm >/dev/null 2>&1 && echo user-ok; "
+            f"stat -c '%U:%G:%a %n' {' '.join(BASE_DIRS)} 2>/dev/null; "
+            "echo '## units'; ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'; "
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; true"
         )
 
@@ -56,6 +65,8 @@ class VllmHost(FactBase):
             "current": current.rsplit("/", 1)[-1] if current else None,
             "cpu_flags": " ".join(sections.get("cpu", [])).split(),
             "units": sorted(u.strip() for u in sections.get("units", []) if u.strip()),
+            # True when the vllm user and every base directory are as wanted (nothing to do)
+            "base_ok": _base_ok(sections.get("base", [])),
             "state": state,
         }
 
@@ -70,7 +81,7 @@ class UnitState(FactBase):
     """
 
     def command(self, unit: str) -> str:
-        return (f"systemctl show {unit} -p ActiveState -p SubState -p MainPID "
+        return (f"systemctl show {unit} -p ActiveState -p SubState -p MainPID -p UnitFileState "
                 "-p ActiveEnterTimestampMonotonic -p NRestarts 2>/dev/null || true")
 
     def process(self, output):

@@ -14,27 +14,28 @@ from pyinfra import host
 from pyinfra.operations import files, python, server
 
 from fleet import wheels
-from fleet.plan import CURRENT_LINK, MODELS_DIR, RELEASES_DIR, STATE_DIR, HostPlan
+from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, STATE_DIR, HostPlan
 from fleet.variants import install_command
 from roles.ops import synced_files
 
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
-FLEET_STATE = "/var/lib/vllm-fleet"
 FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
 HOST_PYTHON = "/usr/bin/python3"
 
 
-def base() -> None:
-    """The user, directories and uv every vLLM host needs; all no-ops once in place."""
-    server.group(name="vllm group", group="vllm", system=True)
-    server.user(name="vllm user", user="vllm", group="vllm", system=True, home=STATE_DIR,
-                shell="/usr/sbin/nologin", create_home=False)
-    for path, user, mode in ((RELEASES_DIR, "root", "755"), ("/etc/vllm", "root", "755"),
-                             (STATE_DIR, "vllm", "750"), (MODELS_DIR, "vllm", "750")):
-        files.directory(name=f"directory {path}", path=path, user=user, group=user if user == "root" else
-                        "vllm", mode=mode)
-    files.directory(name=f"directory {FLEET_STATE}", path=FLEET_STATE, user="root", group="root", mode="700")
+def base(base_ok: bool) -> None:
+    """The vllm user, directories and uv every vLLM host needs, in one idempotent command, emitted only
+    when the VllmHost fact says something is missing (no extra remote commands on a converged host)."""
+    if not base_ok:
+        dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
+                           for path, own in BASE_DIRS.items())
+        server.shell(name="vllm user and directories", commands=[
+            "getent group vllm >/dev/null || groupadd --system vllm",
+            f"id -u vllm >/dev/null 2>&1 || useradd --system --gid vllm --home-dir {STATE_DIR} "
+            "--no-create-home --shell /usr/sbin/nologin vllm",
+            dirs,
+        ])
     synced_files(name="uv and the host tools", mode="755", files=[
         (str(wheels.uv_binary()), "/usr/local/bin/uv"),
         *[(str(FLEET_SRC / tool), f"{HOST_TOOLS}/{tool}") for tool in ("hoststate.py", "validate_serve.py")],
@@ -120,11 +121,10 @@ def switch(plan: HostPlan, current: str | None):
         f"ln -sfn releases/{plan.release} {CURRENT_LINK}.new && mv -T {CURRENT_LINK}.new {CURRENT_LINK}"])
 
 
-def validate(plan: HostPlan, inst, staged_config: str, when) -> None:
+def validate(plan: HostPlan, inst, staged_config: str) -> None:
     """The new release's own vLLM parses the staged config; a rejection stops this host right here."""
     server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config",
-                 commands=[f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"],
-                 _if=when)
+                 commands=[f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"])
 
 
 __all__ = ["base", "release", "switch", "validate", "host"]

@@ -8,7 +8,6 @@ from io import BytesIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, operation
-from pyinfra.facts.files import File, Sha256File
 
 
 class Secret:
@@ -24,34 +23,6 @@ class Secret:
         return "<redacted>"
 
     __str__ = __repr__
-
-
-@operation()
-def secret_file(dest: str, content: Secret, staging_dir: str = "/etc/vllm/.staging"):
-    """
-    Write a root-only 0600 file whose content never appears in pyinfra's output.
-
-    ``files.put`` prints the file's lines under ``--diff`` and uploads through a world-readable temp
-    file; this uploads into a 0700 staging directory, fixes owner and mode, then renames into place.
-
-    **Example:**
-
-    .. code:: python
-
-        secret_file(name="API key", dest="/etc/vllm/default.env", content=Secret(text))
-    """
-    data = content.reveal().encode()
-    want = hashlib.sha256(data).hexdigest()
-    have = host.get_fact(Sha256File, path=dest)
-    info = host.get_fact(File, path=dest) if have == want else None
-    if have == want and info and info.get("mode") == 600 and info.get("user") == "root":
-        host.noop(f"{dest} is up to date")
-        return
-    name = dest.rsplit("/", 1)[-1]
-    staged = f"{staging_dir}/{name}"
-    yield f"install -d -m 0700 -o root -g root {staging_dir}"
-    yield FileUploadCommand(BytesIO(data), staged, remote_temp_filename=f"{staged}.part")
-    yield f"chown root:root {staged} && chmod 0600 {staged} && mv -f {staged} {dest}"
 
 
 class Manifest(FactBase):
@@ -77,11 +48,49 @@ class Manifest(FactBase):
         return out
 
 
+_MANIFESTS: dict[tuple[str, tuple[str, ...]], dict] = {}
+
+
+def _mode(mode: str) -> str:
+    return mode.lstrip("0") or "0"
+
+
+def stale(files: list[tuple[str | bytes | Secret, str]], user: str, group: str, mode: str,
+          paths: tuple[str, ...] | None = None) -> list:
+    """The (content, dest) pairs whose host copy differs in content, owner or mode: one remote command
+    (pyinfra caches a fact per arguments, so callers sharing `paths` share that one command)."""
+    key = (host.name, paths or tuple(dest for _, dest in files))
+    if key not in _MANIFESTS:  # pyinfra's own fact cache differs inside and outside operations
+        _MANIFESTS[key] = host.get_fact(Manifest, paths=key[1])
+    have = _MANIFESTS[key]
+    out = []
+    for src, dest in files:
+        data = _bytes(src)
+        if have.get(dest) != (hashlib.sha256(data).hexdigest(), user, group, _mode(mode)):
+            out.append((src, dest))
+    return out
+
+
+def _bytes(src: str | bytes | Secret) -> bytes:
+    if isinstance(src, Secret):
+        return src.reveal().encode()
+    if isinstance(src, bytes):
+        return src
+    with open(src, "rb") as f:
+        return f.read()
+
+
 @operation()
-def synced_files(files: list[tuple[str, str]], user: str = "root", group: str = "root", mode: str = "644"):
+def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "root", group: str = "root",
+                 mode: str = "644", staging_dir: str = "/etc/vllm/.staging",
+                 paths: tuple[str, ...] | None = None):
     """
-    Upload many controller files (src, dest) where content, owner or mode differ: one remote command
-    to compare them all, instead of two or three per file with ``files.put``.
+    Make each dest hold its content (a controller path, bytes, or a Secret) with owner and mode:
+    one remote command compares them all, instead of two or three per file with ``files.put``.
+
+    Uploads go into a root-only 0700 staging directory, get owner and mode there, then are renamed
+    into place: no reader ever sees a half-written file or a secret with the wrong mode, and unlike
+    ``files.put`` nothing of the content is printed (``--diff``).
 
     **Example:**
 
@@ -89,18 +98,15 @@ def synced_files(files: list[tuple[str, str]], user: str = "root", group: str = 
 
         synced_files(name="model files", files=[("/models/tiny/config.json", "/var/lib/vllm/models/…")])
     """
-    have = host.get_fact(Manifest, paths=tuple(dest for _, dest in files))
-    dirs = sorted({dest.rsplit("/", 1)[0] for _, dest in files})
-    changed = False
-    for src, dest in files:
-        with open(src, "rb") as f:
-            want = hashlib.sha256(f.read()).hexdigest()
-        if have.get(dest) == (want, user, group, mode.lstrip("0") or "0"):
-            continue
-        if not changed:
-            yield f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}"
-            changed = True
-        yield FileUploadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
-        yield f"chown {user}:{group} {shlex.quote(dest)} && chmod {mode} {shlex.quote(dest)}"
-    if not changed:
+    todo = stale(files, user, group, mode, paths=paths)
+    if not todo:
         host.noop(f"{len(files)} files up to date")
+        return
+    dirs = sorted({dest.rsplit("/", 1)[0] for _, dest in todo})
+    yield f"install -d -m 0700 -o root -g root {staging_dir} && mkdir -p {' '.join(map(shlex.quote, dirs))}"
+    for i, (src, dest) in enumerate(todo):
+        staged = f"{staging_dir}/{i}.{dest.rsplit('/', 1)[-1]}"
+        payload = src if isinstance(src, str) else BytesIO(_bytes(src))
+        yield FileUploadCommand(payload, staged, remote_temp_filename=f"{staged}.part")
+        yield (f"chown {user}:{group} {shlex.quote(staged)} && chmod {mode} {shlex.quote(staged)} && "
+               f"mv -f {shlex.quote(staged)} {shlex.quote(dest)}")

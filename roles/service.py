@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import os
-from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.operations import files, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import files, server, systemd
 
 from fleet import render
 from fleet.plan import HostPlan, InstancePlan
-from roles.ops import Secret, secret_file
+from roles.facts import UnitState
+from roles.ops import Secret, stale, synced_files
 
 STAGED = "/var/lib/vllm-fleet/staged"
 
 
-def stage_config(plan: HostPlan, inst: InstancePlan):
-    """The rendered config, put aside for validation; it changes exactly when the live one will."""
-    return files.put(name=f"staged config {inst.name}", src=StringIO(render.serve_config(plan, inst)),
-                     dest=f"{STAGED}/{inst.name}.yaml", user="root", group="root", mode="600",
-                     create_remote_dir=True)
+def _paths(inst: InstancePlan) -> tuple[str, ...]:
+    """Every file of an instance, compared in one remote command."""
+    return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml")
+
+
+def stage_config(plan: HostPlan, inst: InstancePlan) -> bool:
+    """Put the rendered config aside for validation when the live one would change; True then."""
+    content = render.serve_config(plan, inst).encode()
+    paths = _paths(inst)
+    if not stale([(content, inst.config_path)], "root", "root", "644", paths):
+        return False
+    staged = [(content, f"{STAGED}/{inst.name}.yaml")]
+    if stale(staged, "root", "root", "600", paths):
+        synced_files(name=f"staged config {inst.name}", files=staged, mode="600", paths=paths)
+    return True
 
 
 def remove(unit: str) -> list:
@@ -36,17 +45,31 @@ def remove(unit: str) -> list:
     return ops
 
 
-def configure(plan: HostPlan, inst: InstancePlan, also_changed: list):
-    """Write the live files and restart on change; returns a callable telling whether anything changed."""
-    config = files.put(name=f"serve config {inst.config_path}", src=StringIO(render.serve_config(plan, inst)),
-                       dest=inst.config_path, user="root", group="root", mode="644")
-    env = secret_file(name=f"env file {inst.env_path} (0600)", dest=inst.env_path,
-                      content=Secret(render.env_file(inst, os.environ)))
-    unit = files.put(name=f"unit {inst.unit}", src=StringIO(render.unit(plan, inst)),
-                     dest=f"/etc/systemd/system/{inst.unit}", user="root", group="root", mode="644")
-    changed = any_changed(config, env, unit, *[op for op in also_changed if op is not None])
-    systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
-    systemd.service(name=f"enable {inst.unit}", service=inst.unit, enabled=True)
-    systemd.service(name=f"restart {inst.unit} (changed)", service=inst.unit, restarted=True, _if=changed)
-    systemd.service(name=f"{inst.unit} running", service=inst.unit, running=True)
+def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool) -> bool:
+    """Write the live files; daemon-reload, enable and restart only as needed. True when it restarts.
+
+    Every decision is made here, at collection time, from two facts (a manifest of the three files and
+    the unit's state), so a converged instance costs two remote commands.
+    """
+    config = [(render.serve_config(plan, inst).encode(), inst.config_path)]
+    env = [(Secret(render.env_file(inst, os.environ)), inst.env_path)]
+    unit = [(render.unit(plan, inst).encode(), f"/etc/systemd/system/{inst.unit}")]
+    paths = _paths(inst)
+    stale_config = bool(stale(config, "root", "root", "644", paths))
+    stale_env = bool(stale(env, "root", "root", "600", paths))
+    stale_unit = bool(stale(unit, "root", "root", "644", paths))
+    if stale_config:
+        synced_files(name=f"serve config {inst.config_path}", files=config, paths=paths)
+    if stale_env:
+        synced_files(name=f"env file {inst.env_path} (0600)", files=env, mode="600", paths=paths)
+    if stale_unit:
+        synced_files(name=f"unit {inst.unit}", files=unit, paths=paths)
+        server.shell(name="systemd daemon-reload", commands=["systemctl daemon-reload"])
+    state = host.get_fact(UnitState, unit=inst.unit)
+    if state.get("UnitFileState") != "enabled":
+        server.shell(name=f"enable {inst.unit}", commands=[f"systemctl enable {inst.unit}"])
+    changed = stale_config or stale_env or stale_unit or release_or_model_changed
+    if changed or state.get("ActiveState") != "active":
+        server.shell(name=f"restart {inst.unit}" + (" (changed)" if changed else " (was not running)"),
+                     commands=[f"systemctl restart {inst.unit}"])
     return changed

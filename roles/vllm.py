@@ -89,27 +89,29 @@ def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
 
 
 def deploy_vllm() -> None:
-    """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back."""
+    """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back.
+
+    What changes is decided here at collection time from the facts, so the plan pyinfra shows is what
+    runs, and a converged host costs a handful of remote commands.
+    """
     plan, vh = plan_this_host()
-    install.base()
+    install.base(vh["base_ok"])
     built = install.release(plan, vh["releases"])
     release_changing = vh["current"] != plan.release
-    staged_models = []
+    model_changed = {}
     for inst in plan.instances:
-        staged_models.append(model.stage(inst))
-        staged = service.stage_config(plan, inst)
-
-        def must_validate(staged=staged) -> bool:
-            return release_changing or staged.did_change() or (built is not None and built.did_change())
-
-        install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml", when=must_validate)
-    switched = install.switch(plan, vh["current"])
-    changes = [service.configure(plan, inst, also_changed=[switched, *staged_models[i]])
-               for i, inst in enumerate(plan.instances)]
+        model_changed[inst.name] = model.stage(inst)
+        if service.stage_config(plan, inst) or release_changing:
+            install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml")
+    install.switch(plan, vh["current"])
+    changed = [service.configure(plan, inst, release_changing or model_changed[inst.name])
+               for inst in plan.instances]
     wanted = {inst.unit for inst in plan.instances}
-    removed = [op for unit in vh["units"] if unit not in wanted for op in service.remove(unit)]
-    verify_op(plan, changed=lambda: any(c() for c in changes) or any(op.did_change() for op in removed),
-              had_state=bool(vh["state"]))
+    removed = [unit for unit in vh["units"] if unit not in wanted]
+    for unit in removed:
+        service.remove(unit)
+    did_change = any(changed) or bool(removed) or built is not None
+    verify_op(plan, changed=lambda: did_change, had_state=bool(vh["state"]))
 
 
 _ROWS: list = []
