@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleet.tables import columns
+
 
 @dataclass
 class PlanRow:
@@ -35,9 +37,7 @@ def table(rows: list[PlanRow]) -> str:
     head = ("HOST", "ACCEL", "GPUS", "DRIVER", "VARIANT", "RELEASE", "INSTANCES (TP, dtype)")
     body = [(r.host, r.accelerator, r.gpus, r.driver, r.variant, r.release,
              "; ".join(r.instances) if not r.refused else "REFUSED") for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-             for row in [head, *body]]
+    lines = columns(head, body).splitlines()
     for r in rows:
         lines.append("")
         if r.refused:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.tables import columns
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,9 +53,7 @@ class RolloutResult:
         rows = [(o.host, str(o.wave), o.outcome, o.release, o.tp,
                  f"{o.latency_ms:.0f} ms" if o.latency_ms is not None else "-",
                  f"{o.seconds:.0f} s" if o.seconds is not None else "-") for o in self.hosts.values()]
-        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                 for r in [head, *rows]]
+        lines = columns(head, rows).splitlines()
         by: dict[str, list[str]] = {}
         for o in self.hosts.values():
             by.setdefault(o.outcome, []).append(o.host)

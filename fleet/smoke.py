@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from fleet.tables import columns
+
 SMOKE_TOKENS = 4
 
 
@@ -118,8 +120,9 @@ def wait_healthy(base_url: str, timeout_s: float, alive: Callable[[], bool] | No
 
 def table(results: Iterable[SmokeResult]) -> str:
     """A per-host table a person can read at the end of a deploy."""
-    rows = [("HOST", "INSTANCE", "MODEL", "TP", "RELEASE", "HEALTH", "MODELS", "COMPLETION", "401",
-             "LATENCY", "RESULT")]
+    head = ("HOST", "INSTANCE", "MODEL", "TP", "RELEASE", "HEALTH", "MODELS", "COMPLETION", "401",
+            "LATENCY", "RESULT")
+    rows = []
     for r in results:
         by = {c.name: c for c in r.checks}
 
@@ -132,5 +135,4 @@ def table(results: Iterable[SmokeResult]) -> str:
         rows.append((r.host, r.instance, r.model, str(r.tp), r.release, cell("health"), cell("models"),
                      cell("completion"), cell("no-key-401"), f"{r.latency_ms:.0f} ms",
                      ("ok" if r.ok else "FAILED: " + r.failures()) + (f" ({r.note})" if r.note else "")))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return columns(head, rows)

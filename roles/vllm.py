@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, parse_inventory
+from fleet.tables import columns
 from roles import install, model, service
 from roles.facts import VllmHost
 from roles.smoke import verify_op
@@ -176,7 +177,4 @@ def smoke_only() -> None:
 
 def _print_status() -> None:
     head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID")
-    rows = [head, *sorted(_STATUS)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    print("\n" + "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                            for r in rows))
+    print("\n" + columns(head, sorted(_STATUS)))

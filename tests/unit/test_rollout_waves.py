@@ -1,0 +1,49 @@
+"""Wave planning of `vllm-fleet rollout` (pure): canary first, inventory order, never above the cap."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet.rollout import HostOutcome, RolloutResult, waves
+
+HOSTS = ["h1", "h2", "h3", "h4", "h5", "h6", "h7"]
+
+
+def test_canary_then_fixed_waves():
+    assert waves(HOSTS, 1, "2") == [["h1"], ["h2", "h3"], ["h4", "h5"], ["h6", "h7"]]
+
+
+def test_percentage_waves_round_up():
+    assert waves(HOSTS, 1, "50%") == [["h1"], ["h2", "h3", "h4", "h5"], ["h6", "h7"]]
+
+
+def test_no_canary_and_max_unavailable_caps_both():
+    assert waves(HOSTS[:3], 0, "1") == [["h1"], ["h2"], ["h3"]]
+    assert waves(HOSTS[:6], 3, "3", max_unavailable=2) == [["h1", "h2"], ["h3", "h4"], ["h5", "h6"]]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "10%%", ""])
+def test_bad_wave_sizes_are_refused(bad):
+    with pytest.raises(ValueError, match="--wave"):
+        waves(HOSTS, 1, bad)
+
+
+@given(st.integers(1, 40), st.integers(0, 5), st.integers(1, 10), st.one_of(st.none(), st.integers(1, 6)))
+def test_every_host_once_in_order_and_no_wave_above_the_cap(n, canary, size, cap):
+    hosts = [f"h{i}" for i in range(n)]
+    plan = waves(hosts, canary, str(size), cap)
+    assert [h for w in plan for h in w] == hosts
+    assert all(len(w) <= (cap or max(size, canary)) for w in plan)
+
+
+def test_the_table_names_hosts_per_outcome_and_the_stop():
+    hosts = {"a": HostOutcome("a", 1, "updated", "0.32.0-cpu", "1", 61.0, 90.0),
+             "b": HostOutcome("b", 2, "rolled back", detail="b: model"),
+             "c": HostOutcome("c", 3)}
+    r = RolloutResult([["a"], ["b"], ["c"]], hosts, stopped_at=2, seconds=200)
+    text = r.table()
+    assert "updated: a" in text and "rolled back: b" in text and "untouched: c" in text
+    assert "rollout STOPPED at wave 2: later waves were not touched (200 s)" in text
+    assert text.splitlines()[1].split() == ["a", "1", "updated", "0.32.0-cpu", "1", "61", "ms", "90", "s"]
