@@ -40,6 +40,7 @@ CONFIG_DIR = ROOT + "/etc/vllm"
 UNIT_DIR = ROOT + "/etc/systemd/system"
 RELEASES = ROOT + "/opt/vllm/releases"
 CURRENT = ROOT + "/opt/vllm/current"
+MODELS = ROOT + "/var/lib/vllm/models"
 
 
 def _sha(path: str) -> str | None:
@@ -177,7 +178,21 @@ def restore(which: str) -> dict:
     return {"restored": which, "release": target.get("release"), "units": units}
 
 
+def _models_in(directory: str) -> set[str]:
+    """Staged model directories named by the serve configs in a directory (`model: /path`)."""
+    out = set()
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.endswith(".yaml"):
+                with open(os.path.join(directory, name)) as f:
+                    for line in f:
+                        if line.startswith("model:"):
+                            out.add(os.path.basename(line.split(":", 1)[1].strip().strip("'\"")))
+    return out
+
+
 def prune(keep: int) -> dict:
+    """Old releases beyond `keep`, and staged models no config uses; never what current or previous use."""
     state = load()
     protected = {_live_release()} | {(state.get(k) or {}).get("release") for k in ("current", "previous")}
     if not os.path.isdir(RELEASES):
@@ -189,7 +204,14 @@ def prune(keep: int) -> dict:
         if i >= keep and rel not in protected:
             shutil.rmtree(os.path.join(RELEASES, rel))
             removed.append(rel)
-    return {"removed": removed, "kept": [r for r in releases if r not in removed]}
+    used = (_models_in(CONFIG_DIR) | _models_in(SNAPSHOTS + "/current") | _models_in(SNAPSHOTS + "/previous"))
+    models = []
+    if os.path.isdir(MODELS):
+        for name in sorted(os.listdir(MODELS)):
+            if name not in used:
+                shutil.rmtree(os.path.join(MODELS, name))
+                models.append(name)
+    return {"removed": removed, "kept": [r for r in releases if r not in removed], "models_removed": models}
 
 
 def main(argv: list[str]) -> int:

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -119,6 +120,7 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
     if not did_change:
         RESULTS.extend(results)
         raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
+    t0 = time.monotonic()
     try:
         release, again = restore_and_check(plan, "current")
     except SmokeFailed as e:
@@ -127,10 +129,11 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
         RESULTS.extend(results)
         raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {reason}\n{tail}"
                           ) from None
-    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {release}")
+    took = time.monotonic() - t0
+    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {release} in {took:.0f} s")
     raise SmokeFailed(f"{host.name}: change failed and was rolled back to {release} "
-                      f"({'serving again' if all(r.ok for r in again) else 'which also fails'}): "
-                      f"{reason}\n{tail}")
+                      f"({'serving again' if all(r.ok for r in again) else 'which also fails'}, "
+                      f"rollback took {took:.0f} s): {reason}\n{tail}")
 
 
 def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.SmokeResult]]:

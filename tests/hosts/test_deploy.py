@@ -57,3 +57,20 @@ def test_changed_flag_restarts_only_that_host_and_is_live(deployed, lab_hosts):
     assert status == 200
     assert json.loads(body)["data"][0]["max_model_len"] == 384
     assert "max-model-len: 512" in on("lab1", "cat /etc/vllm/default.yaml")
+
+
+def test_memory_preflight_matches_what_vllm_logged_on_the_lab_host(deployed):
+    """fleet/sizing.py's CPU estimate for the tiny model against the KV cache vLLM reports at start."""
+    import re
+
+    from fleet.lab_inventory import TINY_MODEL, lab_vllm
+    from fleet.modelinfo import load
+    from fleet.sizing import estimate_cpu
+
+    spec = lab_vllm(1)
+    est = estimate_cpu(load(TINY_MODEL), spec["flags"]["max_model_len"], spec["flags"]["max_num_seqs"],
+                       spec["cpu_kvcache_gib"], "bfloat16")
+    journal = on("lab1", "journalctl -u vllm-default --no-pager -o cat | grep 'CPU KV cache size' | tail -1")
+    logged = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", journal).group(1).replace(",", ""))
+    print(f"preflight: {est.kv_capacity_tokens:,} tokens; vLLM logged: {logged:,} tokens")
+    assert est.kv_capacity_tokens == logged

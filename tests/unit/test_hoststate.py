@@ -112,3 +112,17 @@ def test_secrets_are_never_copied_into_the_state(hs):
         assert not f.is_file() or "very-secret-value" not in f.read_text()
     assert json.loads(text)["current"]["instances"] == ["default"]
     assert oct((root / "var/lib/vllm-fleet").stat().st_mode & 0o777) == "0o700"
+
+
+def test_prune_removes_only_models_no_current_or_previous_config_uses(hs):
+    mod, root = hs
+    models = root / "var/lib/vllm/models"
+    for m in ("old", "prev", "cur"):
+        (models / m).mkdir(parents=True)
+    deploy(root, "0.31.0-cpu", "model: /var/lib/vllm/models/prev\n")
+    mod.commit("0.31.0-cpu")
+    deploy(root, "0.32.0-cpu", "model: /var/lib/vllm/models/cur\n")
+    mod.commit("0.32.0-cpu")
+    out = mod.prune(3)
+    assert out["models_removed"] == ["old"]
+    assert sorted(os.listdir(models)) == ["cur", "prev"]

@@ -1,0 +1,37 @@
+"""Issue 4's refusals through the real deploy: every bad inventory of tests/unit/bad_inventories.py,
+given to lab2, makes `pyinfra ... deploys/vllm.py` exit non-zero naming the host and the field, before
+any operation runs, and leaves both lab hosts' files as they were."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hosts.conftest import deploy, host_files_digest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from bad_inventories import BAD_HOSTS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def before(deployed):
+    return {h: host_files_digest(h) for h in ("lab1", "lab2")}
+
+
+@pytest.mark.parametrize(("desc", "data", "path", "words"), BAD_HOSTS, ids=[b[0] for b in BAD_HOSTS])
+def test_bad_inventory_is_refused_before_anything_changes(before, desc, data, path, words):
+    run = deploy(overrides={"__replace__": {"lab2": data}})
+    assert run.rc != 0
+    lines = [line.strip() for line in run.output.splitlines() if line.strip().startswith("lab2: vllm.")]
+    wanted = path if path.startswith("vllm") else f"vllm.{path}"
+    hit = [line for line in lines if line.split(": ", 2)[1].startswith(wanted)]
+    assert hit, (wanted, lines)
+    assert all(w.lower() in hit[0].lower() for w in words), (words, hit[0])
+    assert "Beginning operation run" not in run.output
+    assert host_files_digest("lab2") == before["lab2"]
+
+
+def test_no_lab_host_changed_after_all_refusals(before):
+    assert {h: host_files_digest(h) for h in ("lab1", "lab2")} == before
