@@ -88,7 +88,10 @@ def waves(hosts: Sequence[str], canary: int = 1, wave: str = "1", max_unavailabl
 
 def inventory_hosts(inventory: str, limit: str | None = None) -> list[str]:
     """Host names in inventory order, read by pyinfra itself (the same loader the deploy uses)."""
-    code = ("import json, sys; from pyinfra_cli.inventory import make_inventory; "
+    code = ("import json, sys; from pyinfra.api import Config, State; "
+            "from pyinfra.context import ctx_config, ctx_state; "
+            "from pyinfra_cli.inventory import make_inventory; "
+            "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
             "inv = make_inventory(sys.argv[1]); print(json.dumps([h.name for h in inv]))")
     out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
@@ -126,6 +129,8 @@ def run(inventory: str, deploy: str = "vllm.py", canary: int = 1, wave: str = "1
         max_unavailable: int | None = None, limit: str | None = None,
         log: Callable[[str], None] = print) -> RolloutResult:
     hosts = inventory_hosts(inventory, limit)
+    if not hosts:
+        raise RuntimeError(f"no hosts in {inventory}" + (f" matching --limit {limit}" if limit else ""))
     plan = waves(hosts, canary, wave, max_unavailable)
     result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w})
     t0 = time.monotonic()

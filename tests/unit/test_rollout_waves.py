@@ -47,3 +47,14 @@ def test_the_table_names_hosts_per_outcome_and_the_stop():
     assert "updated: a" in text and "rolled back: b" in text and "untouched: c" in text
     assert "rollout STOPPED at wave 2: later waves were not touched (200 s)" in text
     assert text.splitlines()[1].split() == ["a", "1", "updated", "0.32.0-cpu", "1", "61", "ms", "90", "s"]
+
+
+def test_inventory_order_is_read_by_pyinfra_itself(tmp_path):
+    from fleet.rollout import inventory_hosts
+
+    inv = tmp_path / "inv.py"
+    inv.write_text('web = ["c-host", ("a-host", {"x": 1})]\ngpu = ["b-host"]\n')
+    assert inventory_hosts(str(inv)) == ["c-host", "a-host", "b-host"]
+    assert inventory_hosts(str(inv), "b-host,c-host") == ["c-host", "b-host"]
+    with pytest.raises(RuntimeError, match="not in the inventory: nope"):
+        inventory_hosts(str(inv), "nope")
