@@ -23,6 +23,7 @@ from pathlib import Path
 from fleet.tables import columns
 
 ROOT = Path(__file__).resolve().parent.parent
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -145,7 +146,7 @@ def run(inventory: str, deploy: str = "vllm.py", canary: int = 1, wave: str = "1
             proc = _pyinfra(inventory, deploy, group, smoke_json)
             took = time.monotonic() - tw
             smoke = json.loads(Path(smoke_json).read_text()) if Path(smoke_json).exists() else []
-        output = proc.stdout + proc.stderr
+        output = ANSI.sub("", proc.stdout + proc.stderr)
         for h in group:
             o = result.hosts[h]
             o.outcome, o.detail = _classify(h, output, smoke, proc.returncode)

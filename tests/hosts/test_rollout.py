@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
 
 HOSTS = ["lab1", "lab2", "lab3"]
 POLL = ("systemd-run --quiet --collect --unit=rollout-poll sh -c 'for i in $(seq 1 {n}); do "
-        "echo $(date +%s%N | cut -c1-11) $(curl -s -o /dev/null -m 1 -w %{{http_code}} "
+        "echo $(date +%s%N | cut -c1-11) $(curl -s -o /dev/null -m 3 -w %{{http_code}} "
         "http://127.0.0.1:8000/health) >> /tmp/rollout-poll.log; sleep 0.5; done'")
 
 
@@ -43,16 +42,22 @@ def start_polls(hosts: list[str]) -> None:
 
 
 def min_serving(hosts: list[str]) -> tuple[int, int]:
-    """(fewest hosts answering 200 in any 0.5 s slot, number of slots) across all hosts' samples."""
-    slots: dict[int, Counter] = {}
+    """(fewest hosts answering 200 at any instant, instants checked): each host's samples make a step
+    function (a host counts as serving from a 200 sample until its next sample), read on a 0.5 s grid
+    over the span every host was sampling."""
+    series = {}
     for h in hosts:
         text = on(h, "systemctl stop rollout-poll 2>/dev/null; cat /tmp/rollout-poll.log")
-        for line in text.splitlines():
-            t, code = line.split()
-            slot = int(t) // 5  # 0.5 s slots (t is in 0.1 s units)
-            slots.setdefault(slot, Counter())[h] = max(slots.get(slot, Counter())[h], code == "200")
-    full = [s for s in slots.values() if len(s) == len(hosts)]  # slots every host sampled
-    return min(sum(c.values()) for c in full), len(full)
+        series[h] = [(int(t) / 10, code == "200") for t, code in (line.split() for line in text.splitlines()
+                                                                 if len(line.split()) == 2)]
+    start = max(s[0][0] for s in series.values())
+    end = min(s[-1][0] for s in series.values())
+    grid = [start + 0.5 * i for i in range(int((end - start) / 0.5) + 1)]
+
+    def up(samples: list[tuple[float, bool]], t: float) -> bool:
+        return [ok for ts, ok in samples if ts <= t][-1]
+
+    return min(sum(up(series[h], t) for h in hosts) for t in grid), len(grid)
 
 
 def test_good_change_goes_canary_then_waves_and_never_more_than_one_host_down(three_hosts):
