@@ -20,11 +20,13 @@ def _paths(inst: InstancePlan) -> tuple[str, ...]:
     return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml")
 
 
-def stage_config(plan: HostPlan, inst: InstancePlan) -> bool:
-    """Put the rendered config aside for validation when the live one would change; True then."""
+def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> bool:
+    """Put the rendered config aside for validation when the live one or the release would change;
+    True then (the caller validates). The staged copy is refreshed whenever it differs, so a
+    validation never reads an older config."""
     content = render.serve_config(plan, inst).encode()
     paths = _paths(inst)
-    if not stale([(content, inst.config_path)], "root", "root", "644", paths):
+    if not (stale([(content, inst.config_path)], "root", "root", "644", paths) or release_changing):
         return False
     staged = [(content, f"{STAGED}/{inst.name}.yaml")]
     if stale(staged, "root", "root", "600", paths):

@@ -102,7 +102,7 @@ def deploy_vllm() -> None:
     model_changed = {}
     for inst in plan.instances:
         model_changed[inst.name] = model.stage(inst)
-        if service.stage_config(plan, inst) or release_changing:
+        if service.stage_config(plan, inst, release_changing):
             install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml")
     install.switch(plan, vh["current"])
     changed = [service.configure(plan, inst, release_changing or model_changed[inst.name])
