@@ -7,6 +7,7 @@ keeps a no-change run to a handful of remote commands.
 from __future__ import annotations
 
 import json
+import shlex
 
 from pyinfra.api import FactBase
 
@@ -86,3 +87,45 @@ class UnitState(FactBase):
 
     def process(self, output):
         return dict(line.split("=", 1) for line in output if "=" in line)
+
+
+_MODEL_INFO_PY = r"""
+import glob, json, os, struct, sys
+d = sys.argv[1]
+out = {"config": None, "weight_bytes": None}
+try:
+    out["config"] = json.load(open(os.path.join(d, "config.json")))
+except Exception:
+    pass
+files = sorted(glob.glob(os.path.join(d, "*.safetensors")))
+if any(not os.path.basename(f).startswith("consolidated") for f in files):
+    files = [f for f in files if not os.path.basename(f).startswith("consolidated")]
+total = 0
+for f in files:
+    with open(f, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        head = json.loads(fh.read(n))
+    total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in head.items() if k != "__metadata__")
+out["weight_bytes"] = total or None
+print(json.dumps(out))
+"""
+
+
+class HostModel(FactBase):
+    """
+    Returns a model directory's config.json and weight size as read on the host (models given by
+    host_path), reading only the safetensors headers:
+
+    .. code:: python
+
+        {"config": {"num_attention_heads": 32, ...}, "weight_bytes": 16060522496}
+    """
+
+    def command(self, path: str) -> str:
+        return f"python3 -c {shlex.quote(_MODEL_INFO_PY)} {shlex.quote(path)} 2>/dev/null || echo '{{}}'"
+
+    def process(self, output):
+        try:
+            return json.loads("\n".join(output) or "{}")
+        except json.JSONDecodeError:
+            return {}

@@ -21,7 +21,7 @@ from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, parse_inventory
 from fleet.tables import columns
 from roles import install, model, service
-from roles.facts import VllmHost
+from roles.facts import HostModel, VllmHost
 from roles.smoke import verify_op
 
 
@@ -50,7 +50,8 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
 
 
 def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None]]:
-    """config.json and weight size of staged models, read on the controller (TP rule, memory preflight)."""
+    """config.json and weight size of each model (TP rule, memory preflight): staged models read on the
+    controller, host_path models on the host; hub models are sized by vLLM itself when it starts."""
     configs, weights = {}, {}
     for inst in spec.instances:
         if inst.model.path:
@@ -60,6 +61,11 @@ def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, i
                               "on the controller")
             configs[inst.name] = json.loads(cfg.read_text())
             weights[inst.name] = weight_bytes_from_dir(inst.model.path)
+        elif inst.model.host_path:
+            found = host.get_fact(HostModel, path=inst.model.host_path)
+            if found.get("config"):
+                configs[inst.name] = found["config"]
+                weights[inst.name] = found.get("weight_bytes")
     return configs, weights
 
 
