@@ -53,6 +53,7 @@ def test_missing_model_on_one_host_rolls_back_by_itself(baseline):
     assert run.rc != 0
     assert "lab2: change failed and was rolled back to 0.32.0-cpu (serving again, rollback took " \
         in run.output
+    print(next(line for line in run.output.splitlines() if "rollback took" in line))
     assert "not-there" in run.output  # vLLM's own complaint, from the journal
     lab2 = [r for r in run.smoke if r["host"] == "lab2"]
     assert lab2 and all(r["ok"] and r["note"] == "rolled back to 0.32.0-cpu" for r in lab2)
