@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.operations import files, python, server
 
 from fleet import wheels
@@ -106,7 +106,9 @@ def release(plan: HostPlan, installed: list[str]):
         server.shell(name=f"unpack wheels {plan.release}", commands=[
             f"rm -rf {find_links} && mkdir -p {find_links} && tar -C {find_links} -xf {bundle}"])
     script, cmd = build_script(plan, find_links)
-    built = server.shell(name=f"build release {plan.release}: {shlex.join(cmd)}", commands=[script])
+    # the exact install command, in dry runs too (the operation list shows names only)
+    logger.info(f"[{host.name}] build release {plan.release}: {shlex.join(cmd)}")
+    built = server.shell(name=f"build release {plan.release}", commands=[script])
     if find_links:
         server.shell(name="drop the unpacked wheels", commands=[
             f"rm -rf {find_links} /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
