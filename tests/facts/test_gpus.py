@@ -42,13 +42,7 @@ from fleet.gpus import (
     parse_smi_table,
 )
 from roles.nvidia_facts import NvidiaDriver, NvidiaGpus
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia"
-
-
-def capture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
-
+from tests.nvidia_captures import FIXTURES, capture
 
 # --- nvidia-smi table: driver, CUDA, GPU rows ---------------------------------------------------------
 H100 = "NVIDIA H100 80GB HBM3"

@@ -9,8 +9,6 @@ capability >= 7.5).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,12 +31,7 @@ from fleet.variants import (
     load_table,
     parse_table,
 )
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia"
-
-
-def capture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
+from tests.nvidia_captures import capture
 
 
 def table_host(fixture: str) -> tuple[DriverVersion | None, list[Gpu]]:
