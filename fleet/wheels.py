@@ -8,6 +8,7 @@ has the release never receives it again.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -32,8 +33,15 @@ def wheel_dir(release: str) -> Path:
     return CACHE_DIR / "wheels" / release
 
 
-def bundle_path(release: str) -> Path:
-    return CACHE_DIR / "bundles" / f"{release}.tar"
+def bundle_path(release: str, excludes: Sequence[str] = ()) -> Path:
+    """Named by what it holds (release and excluded distributions), so a changed table never reuses a
+    bundle built for another exclude list."""
+    tag = hashlib.sha256("\n".join(sorted(_norm(e) for e in excludes)).encode()).hexdigest()[:10]
+    return CACHE_DIR / "bundles" / f"{release}-{tag}.tar"
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-")
 
 
 def _extra_sources() -> list[str]:
@@ -83,7 +91,7 @@ def _fetch(release: str, requirements: Sequence[str], index_args: Sequence[str],
 
 
 def _dist_name(wheel: Path) -> str:
-    return wheel.name.split("-")[0].lower().replace("_", "-")
+    return _norm(wheel.name.split("-")[0])
 
 
 def bundle(release: str, excludes: Sequence[str] = ()) -> Path:
@@ -93,13 +101,13 @@ def bundle(release: str, excludes: Sequence[str] = ()) -> Path:
 
 
 def _bundle(release: str, excludes: Sequence[str]) -> Path:
-    out = bundle_path(release)
+    out = bundle_path(release, excludes)
     if out.exists():
         return out
     src = wheel_dir(release)
     if not (src / ".complete").exists():
         raise WheelCacheError(f"no complete wheel cache for {release} at {src}")
-    skip = {e.lower().replace("_", "-") for e in excludes}
+    skip = {_norm(e) for e in excludes}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:

@@ -101,8 +101,9 @@ def release(plan: HostPlan, installed: list[str]):
         find_links = f"{HOST_WHEELS}/{plan.release}"
         bundle = f"/var/cache/vllm-fleet/bundles/{plan.release}.tar"
         python.call(name=f"controller wheel cache for {plan.release}", function=_prepare_bundle, plan=plan)
-        files.put(name=f"wheel bundle {plan.release}", src=str(wheels.bundle_path(plan.release)), dest=bundle,
-                  create_remote_dir=True, assume_exists=True)
+        local = wheels.bundle_path(plan.release, plan.install_spec.build.remove_after_install)
+        files.put(name=f"wheel bundle {plan.release}", src=str(local), dest=bundle, create_remote_dir=True,
+                  assume_exists=True)
         server.shell(name=f"unpack wheels {plan.release}", commands=[
             f"rm -rf {find_links} && mkdir -p {find_links} && tar -C {find_links} -xf {bundle}"])
     script, cmd = build_script(plan, find_links)
