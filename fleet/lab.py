@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -352,12 +351,3 @@ def down(log=print) -> None:
     if state.exists():
         state.unlink()
     log("lab: down")
-
-
-def main_up(count: int) -> int:
-    try:
-        up(count)
-    except LabError as e:
-        print(f"lab: {e}", file=sys.stderr)
-        return 2
-    return 0
