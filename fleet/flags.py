@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Scalar = str | int | float | bool
 
 
-def _meta(since: str = "0.8.0", removed: str | None = None, platforms: tuple[str, ...] = ("cuda", "cpu")):
-    return {"since": since, "removed": removed, "platforms": list(platforms)}
+def _meta(since: str = "0.8.0", removed: str | None = None, platforms: tuple[str, ...] = ("cuda", "cpu"),
+          planner: bool = False):
+    return {"since": since, "removed": removed, "platforms": list(platforms), "planner": planner}
 
 
 def version_tuple(v: str) -> tuple[int, ...]:
@@ -63,6 +64,16 @@ class ServeFlags(BaseModel):
     host: str = Field("127.0.0.1", json_schema_extra=_meta())
     port: int = Field(8000, ge=1, le=65_535, json_schema_extra=_meta())
     shutdown_timeout: int | None = Field(None, ge=0, le=3600, json_schema_extra=_meta(since="0.11.0"))
+    distributed_executor_backend: Literal["mp", "uni", "ray", "external_launcher"] | None = Field(
+        None, json_schema_extra=_meta())
+    # Set by the planner from `vllm.cluster` (a model spanning nodes), never by hand: vLLM's own
+    # multi-node mode for the mp executor (vLLM PR #23691, Oct 2025; read in 0.32.0's ParallelConfig).
+    nnodes: int | None = Field(None, ge=2, le=1024, json_schema_extra=_meta(since="0.12.0", planner=True))
+    node_rank: int | None = Field(None, ge=0, le=1023, json_schema_extra=_meta(since="0.12.0", planner=True))
+    master_addr: str | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True))
+    master_port: int | None = Field(None, ge=1, le=65_535,
+                                    json_schema_extra=_meta(since="0.12.0", planner=True))
+    headless: bool | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True))
     # Checked pass-through for flags without a typed field: long names only, values scalar, validated by
     # the installed vLLM's own parser on the host before any restart.
     extra_args: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
@@ -89,6 +100,10 @@ class ServeFlags(BaseModel):
                 close = difflib.get_close_matches(key, list(cls.model_fields), n=3, cutoff=0.6)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ValueError(f"@{key}: not a known serve flag{hint} (others go in extra_args)")
+            extra = cls.model_fields[key].json_schema_extra
+            if isinstance(extra, dict) and extra.get("planner"):
+                raise ValueError(f"@{key}: set by vllm-fleet from vllm.cluster (the node's rank and the "
+                                 "head's address); describe the node group there instead")
             if isinstance(data[key], bool) and cls.model_fields[key].annotation in NUMERIC:
                 raise ValueError(f"@{key}: {data[key]!r} is a boolean, a number is expected")
         return data

@@ -220,6 +220,8 @@ def _network(host: LabHost) -> None:
         _run(["ip", "-n", ns, "link", "set", "host0", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         _run(["ip", "-n", ns, "route", "add", "default", "via", host.controller_address])
+    # Lab hosts reach each other through the controller, as the nodes of a cluster must.
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
 
 
 def _boot(host: LabHost) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.cluster import NodeRole
 from fleet.flags import render_flags
 from fleet.gpus import Gpu
 from fleet.modelinfo import ModelInfoError, from_config
@@ -42,6 +43,10 @@ class HostFacts:
     driver: Any = None  # fleet.gpus.DriverVersion | None
     nvidia_problem: Any = None  # fleet.gpus.NvidiaProblem | None
     cpu_flags: frozenset[str] = frozenset()
+    # IPv4/IPv6 address -> interface name (ip -o addr), for a cluster node's sockets
+    interfaces: Mapping[str, str] = field(default_factory=dict)
+    # systemd can enforce IPAddressAllow= (cgroup v2)
+    ip_filtering: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ class InstancePlan:
     host: str
     port: int
     shutdown_timeout: int
+    node: NodeRole | None = None
+    # systemd IPAddressAllow= for the unit (with IPAddressDeny=any); empty: no address filter
+    ip_allow: tuple[str, ...] = ()
+    pipeline_parallel: int = 1
 
     @property
     def api_key_required(self) -> bool:
@@ -168,12 +177,14 @@ def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: se
 
 def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
               model_configs: Mapping[str, Mapping[str, Any]] | None = None,
-              choose_variant=None, weight_bytes: Mapping[str, int | None] | None = None) -> HostPlan:
+              choose_variant=None, weight_bytes: Mapping[str, int | None] | None = None,
+              node: NodeRole | None = None) -> HostPlan:
     """Decide everything for one host, or raise SpecError naming host and field.
 
     `model_configs` maps instance name -> the model's config.json (heads for TP, sizes for the memory
     preflight), `weight_bytes` instance name -> the weights' size from the safetensors headers;
-    `choose_variant` is fleet.variants.choose_variant, injectable for tests.
+    `choose_variant` is fleet.variants.choose_variant, injectable for tests; `node` is the host's place
+    in its node group (fleet.cluster.resolve), None for a stand-alone host.
     """
     if choose_variant is None:
         from fleet.variants import choose_variant
@@ -194,7 +205,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
     for inst in spec.instances:
         try:
             instances.append(_plan_instance(host, spec, inst, facts, environ, model_configs.get(inst.name),
-                                            taken, warnings, (weight_bytes or {}).get(inst.name)))
+                                            taken, warnings, (weight_bytes or {}).get(inst.name), node))
         except SpecError as e:
             problems.extend(e.problems)
     if problems:
@@ -249,7 +260,8 @@ def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -
 
 def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFacts,
                    environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
-                   taken: set[int], warnings: list[str], weights: int | None = None) -> InstancePlan:
+                   taken: set[int], warnings: list[str], weights: int | None = None,
+                   node: NodeRole | None = None) -> InstancePlan:
     where = f"{host}: vllm.instances[{inst.name}]"
     f = inst.flags
     problems = []
@@ -271,15 +283,24 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         heads = model_config.get("num_attention_heads")
         kv_heads = model_config.get("num_key_value_heads", heads)
     pp = f.pipeline_parallel_size
-    if spec.accelerator == "cuda" and pp > len(gpus):
-        raise SpecError([f"{where}.flags.pipeline_parallel_size: {pp} stages need at least {pp} GPUs, "
-                         f"the instance has {len(gpus)}"])
-    # pipeline stages split the instance's GPUs; tensor parallelism works within a stage
-    tp, tp_warn = choose_tensor_parallel(host, inst.name, len(gpus) // pp if gpus else 0,
-                                         f.tensor_parallel_size, heads, kv_heads)
-    warnings.extend(tp_warn)
+    if node is not None and f.distributed_executor_backend not in (None, "mp"):
+        raise SpecError([f"{where}.flags.distributed_executor_backend: {f.distributed_executor_backend!r}, "
+                         f"but cluster '{node.cluster}' runs vLLM's multi-node mode, which needs 'mp'; "
+                         "leave it unset"])
+    if node is not None:
+        tp, pp, local = cluster_parallel(host, inst.name, node, spec.accelerator, len(gpus), f, heads,
+                                         kv_heads, warnings)
+    else:
+        if spec.accelerator == "cuda" and pp > len(gpus):
+            raise SpecError([f"{where}.flags.pipeline_parallel_size: {pp} stages need at least {pp} GPUs, "
+                             f"the instance has {len(gpus)}"])
+        # pipeline stages split the instance's GPUs; tensor parallelism works within a stage
+        tp, tp_warn = choose_tensor_parallel(host, inst.name, len(gpus) // pp if gpus else 0,
+                                             f.tensor_parallel_size, heads, kv_heads)
+        warnings.extend(tp_warn)
+        local = tp * pp
     if spec.accelerator == "cuda":
-        used = tp * pp
+        used = local
         if used < len(gpus) and inst.gpus is not None:
             warnings.append(f"{host}: instance {inst.name}: tensor {tp} x pipeline {pp} uses {used} of the "
                             f"{len(gpus)} GPUs it was given; the other {len(gpus) - used} stay free")
@@ -287,7 +308,8 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         taken.update(g.index for g in gpus)
 
     dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
-    refusal = preflight(host, inst, spec.accelerator, gpus, tp, dtype, model_config, weights)
+    staged = inst.model_copy(update={"flags": f.model_copy(update={"pipeline_parallel_size": pp})})
+    refusal = preflight(host, staged, spec.accelerator, gpus, tp, dtype, model_config, weights)
     if refusal:
         raise SpecError([refusal])
     if inst.model.path:
@@ -302,10 +324,14 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         "served_model_name": f.served_model_name or inst.model.name,
         "dtype": dtype,
     }
-    if spec.accelerator == "cuda":
+    if spec.accelerator == "cuda" or node is not None:
         updates["tensor_parallel_size"] = tp
-        if f.block_size is None:
-            updates["block_size"] = 16  # the seed's starting value; CPU keeps vLLM's own (128)
+    if node is not None:
+        updates.update(pipeline_parallel_size=pp, distributed_executor_backend="mp", nnodes=node.nnodes,
+                       node_rank=node.rank, master_addr=node.head_address, master_port=node.master_port,
+                       headless=None if node.is_head else True)
+    if spec.accelerator == "cuda" and f.block_size is None:
+        updates["block_size"] = 16  # the seed's starting value; CPU keeps vLLM's own (128)
     if inst.model.revision:
         updates["extra_args"] = {**f.extra_args, "revision": inst.model.revision}
     flags = render_flags(f.model_copy(update=updates), spec.version, spec.accelerator)
@@ -318,6 +344,19 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         # keeps vLLM's internal sockets on loopback on a single node
         "VLLM_HOST_IP": "127.0.0.1",
     }
+    ip_allow: tuple[str, ...] = ()
+    if node is not None:
+        env.update(cluster_environment(host, node, spec.accelerator, facts.interfaces))
+        if node.is_head and not _is_loopback(f.host):
+            warnings.append(f"{host}: instance {inst.name}: the API listens on {f.host}, so the unit cannot "
+                            f"be limited to the cluster's addresses; firewall port {node.master_port} (the "
+                            "head's torch.distributed store, no authentication) to the nodes")
+        else:
+            ip_allow = ("localhost", *node.addresses)
+            if not facts.ip_filtering:
+                warnings.append(f"{host}: instance {inst.name}: no cgroup v2 here, so systemd cannot enforce "
+                                f"the unit's IPAddressAllow=; firewall vLLM's internal ports (store "
+                                f"{node.master_port} on the head) to the nodes of cluster {node.cluster}")
     if not inst.model.hf_repo:
         env["HF_HUB_OFFLINE"] = "1"
     if spec.accelerator == "cuda":
@@ -333,4 +372,52 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         flags=flags, environment=env, secret_env=secret_env, tensor_parallel=tp, dtype=dtype,
         gpu_indexes=tuple(g.index for g in gpus), host=f.host, port=f.port,
         shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else 30,
+        node=node, ip_allow=ip_allow, pipeline_parallel=pp,
     )
+
+
+def cluster_parallel(host: str, inst_name: str, node: NodeRole, accelerator: str, n_gpus: int, f: Any,
+                     heads: int | None, kv_heads: int | None, warnings: list[str]) -> tuple[int, int, int]:
+    """(tensor, pipeline, workers on this node) for a node group.
+
+    vLLM's mp executor runs world_size / nnodes workers on every node, so the layout must divide evenly:
+    `pipeline` puts one stage per node and tensor-parallel over the node's GPUs; `tensor` makes one
+    tensor-parallel group of every node's GPUs. A CPU node runs one worker.
+    """
+    where = f"{host}: vllm.instances[{inst_name}].flags"
+    local = n_gpus if accelerator == "cuda" else 1
+    if node.split == "pipeline":
+        if f.pipeline_parallel_size not in (1, node.nnodes):
+            raise SpecError([f"{where}.pipeline_parallel_size: {f.pipeline_parallel_size}, but cluster "
+                             f"'{node.cluster}' has {node.nnodes} nodes, one pipeline stage each; "
+                             "leave it unset"])
+        tp, tp_warn = choose_tensor_parallel(host, inst_name, local, f.tensor_parallel_size, heads, kv_heads)
+        warnings.extend(tp_warn)
+        return tp, node.nnodes, tp
+    if f.pipeline_parallel_size != 1:
+        raise SpecError([f"{where}.pipeline_parallel_size: split 'tensor' runs one stage over every node; "
+                         "use split 'pipeline' for pipeline stages"])
+    total = f.tensor_parallel_size or node.nnodes * local
+    if total % node.nnodes or total > node.nnodes * local:
+        raise SpecError([f"{where}.tensor_parallel_size: {total} must be a multiple of the {node.nnodes} "
+                         f"nodes and at most {node.nnodes * local} ({local} per node)"])
+    kv_bad = kv_heads is not None and kv_heads % total and total % kv_heads
+    if (heads is not None and heads % total) or kv_bad:
+        raise SpecError([f"{where}.tensor_parallel_size: {total} across {node.nnodes} nodes does not divide "
+                         f"the model's {heads} attention heads ({kv_heads} KV heads); use split 'pipeline'"])
+    return total, 1, total // node.nnodes
+
+
+def cluster_environment(host: str, node: NodeRole, accelerator: str,
+                        interfaces: Mapping[str, str]) -> dict[str, str]:
+    """VLLM_HOST_IP and the interface gloo/NCCL use: without them a node resolves its own name (often
+    127.0.1.1 in /etc/hosts) and its peers fail to connect."""
+    iface = interfaces.get(node.address)
+    if iface is None:
+        have = ", ".join(f"{a} on {i}" for a, i in sorted(interfaces.items())) or "none read"
+        raise SpecError([f"{host}: vllm.cluster.address: {node.address} is not an address of this host "
+                         f"(it has {have})"])
+    env = {"VLLM_HOST_IP": node.address, "GLOO_SOCKET_IFNAME": iface}
+    if accelerator == "cuda":
+        env["NCCL_SOCKET_IFNAME"] = iface
+    return env

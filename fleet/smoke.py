@@ -133,6 +133,7 @@ def table(results: Iterable[SmokeResult]) -> str:
             return ("ok" if c.ok else "FAIL") + (f" ({c.detail})" if name == "completion" and c.ok else "")
 
         rows.append((r.host, r.instance, r.model, str(r.tp), r.release, cell("health"), cell("models"),
-                     cell("completion"), cell("no-key-401"), f"{r.latency_ms:.0f} ms",
+                     cell("completion"), cell("no-key-401"),
+                     f"{r.latency_ms:.0f} ms" if "completion" in by else "-",
                      ("ok" if r.ok else "FAILED: " + r.failures()) + (f" ({r.note})" if r.note else "")))
     return columns(head, rows)

@@ -9,6 +9,7 @@ of as a crash loop on a GPU server minutes later.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
@@ -122,6 +123,45 @@ class InstanceSpec(BaseModel):
         return v
 
 
+class ClusterSpec(BaseModel):
+    """A node group serving one model with vLLM's own multi-node mode (mp executor, no Ray).
+
+    Usually set once in group data (name, nodes, split) with `address` per host. `nodes[0]` is the head:
+    it runs the API server and rank 0; the others run `--headless` workers.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=INSTANCE_NAME)
+    nodes: list[str] = Field(min_length=2, max_length=1024)
+    # pipeline: one pipeline stage per node, tensor-parallel over the node's GPUs (vLLM's advice);
+    # tensor: one tensor-parallel group over every node's GPUs (needs a fast interconnect).
+    split: Literal["pipeline", "tensor"] = "pipeline"
+    # This node's address on the cluster network; default: the host's ssh_hostname when it is an IP.
+    address: str | None = None
+    # torch.distributed's store on the head (no authentication: reachable from cluster addresses only).
+    master_port: int = Field(29501, ge=1024, le=65_535)
+
+    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_nodes(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"a node is listed twice in {v}")
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"{v!r} is not an IP address (vLLM binds its ports to it)") from None
+        return v
+
+
 class HostSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -135,6 +175,7 @@ class HostSpec(BaseModel):
     keep_releases: int = Field(3, ge=2, le=20)
     ready_timeout_s: int = Field(600, ge=10, le=7200)
     instances: list[InstanceSpec] = Field(min_length=1)
+    cluster: ClusterSpec | None = None
 
     _known = model_validator(mode="before")(classmethod(_hint_unknown))
 
@@ -152,6 +193,9 @@ class HostSpec(BaseModel):
                     f"@instances[{i}].flags.port: {port} is already used by instance '{seen_ports[port]}'"
                 )
             seen_ports[port] = inst.name
+        if self.cluster and len(self.instances) > 1:
+            raise ValueError("@cluster: a cluster node runs one instance (the model the node group serves); "
+                             f"this host lists {len(self.instances)}")
         return self
 
 

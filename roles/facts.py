@@ -32,6 +32,7 @@ class VllmHost(FactBase):
             "units": ["vllm-default.service"],
             "base_ok": True,
             "state": {...} or None,
+            "interfaces": {"10.77.1.2": "host0", ...},
         }
     """
 
@@ -43,7 +44,10 @@ class VllmHost(FactBase):
             f"echo '## base'; id -u vllm >/dev/null 2>&1 && echo user-ok; "
             f"stat -c '%U:%G:%a %n' {' '.join(BASE_DIRS)} 2>/dev/null; "
             "echo '## units'; ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'; "
-            "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; true"
+            "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
+            "echo '## addresses'; ip -o addr show 2>/dev/null; "
+            # systemd enforces IPAddressAllow= only on the unified cgroup hierarchy (v2)
+            "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; true"
         )
 
     def process(self, output):
@@ -57,6 +61,12 @@ class VllmHost(FactBase):
                 sections[key].append(line)
         current = "".join(sections.get("current", [])).strip()
         state_text = "\n".join(sections.get("state", [])).strip()
+        interfaces = {}
+        for line in sections.get("addresses", []):  # "2: host0    inet 10.77.1.2/24 brd ... scope global"
+            words = line.split()
+            for fam in ("inet", "inet6"):
+                if fam in words[2:3] and len(words) > 3:
+                    interfaces[words[3].split("/")[0]] = words[1].split("@")[0]
         try:
             state = json.loads(state_text) if state_text else None
         except json.JSONDecodeError:
@@ -69,6 +79,8 @@ class VllmHost(FactBase):
             # True when the vllm user and every base directory are as wanted (nothing to do)
             "base_ok": _base_ok(sections.get("base", [])),
             "state": state,
+            "interfaces": interfaces,
+            "ip_filtering": bool(sections.get("cgroup2")),
         }
 
 

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
 from fleet import smoke
+from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HostPlan, InstancePlan
 from roles.tunnel import forward
 
@@ -102,8 +103,71 @@ def restored_targets(plan: HostPlan) -> list[Target]:
     return targets
 
 
+# cluster name -> what its head decided in this run: "ok", "rollback" or "failed". The workers' checks
+# run at the same time in this process (pyinfra runs an operation on every host concurrently) and wait.
+OUTCOME: dict[str, str] = {}
+
+
+def _decide(plan: HostPlan, outcome: str) -> None:
+    node = plan.instances[0].node if plan.instances else None
+    if node is not None:
+        OUTCOME.setdefault(node.cluster, outcome)
+
+
 def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
-    """Smoke every instance; keep the change (commit) or put the last known good back (rollback)."""
+    """Smoke every instance; keep the change (commit) or put the last known good back (rollback).
+
+    A cluster's head is smoke-tested like any host, and its workers follow its outcome: they commit when
+    it serves, and restore their own snapshot when it rolls back, so the group never mixes configs."""
+    node = plan.instances[0].node if plan.instances else None
+    if node is not None and not node.is_head:
+        return verify_worker(plan, node, changed, had_state)
+    try:
+        _verify(plan, changed, wait, had_state)
+    except SmokeFailed:
+        _decide(plan, "failed")
+        raise
+    _decide(plan, "ok")
+
+
+def _head_in_run(head: str) -> bool:
+    h = state.inventory.get_host(head, None)
+    return h is not None and h in state.activated_hosts and h not in state.failed_hosts
+
+
+def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], had_state: bool) -> None:
+    inst = plan.instances[0]
+    result = smoke.SmokeResult(host.name, inst.name, inst.served_name, inst.tensor_parallel, plan.release)
+    did_change = result.changed = changed()
+    t0 = time.monotonic()
+    while node.cluster not in OUTCOME and _head_in_run(node.head) and \
+            time.monotonic() - t0 < plan.ready_timeout_s + 300:
+        time.sleep(1)  # cooperative: pyinfra's CLI monkey-patches for gevent
+    outcome = OUTCOME.get(node.cluster)
+    active = not _unit_crashed(inst.unit)
+    if outcome is None and not _head_in_run(node.head):
+        # --limit without the head: the group cannot be smoke-tested from here
+        detail = (f"unit {'running' if active else 'FAILED'}; head {node.head} not in this run, "
+                  "not smoke-tested")
+        result.checks.append(smoke.Check("worker", active, detail))
+    else:
+        result.checks.append(smoke.Check("worker", outcome == "ok" and active,
+                                         f"node {node.rank} of {node.cluster}; head {node.head}: {outcome}"))
+    result.note = f"worker of {node.cluster}, served through {node.head}"
+    if result.ok:
+        RESULTS.append(result)
+        if did_change or not had_state:
+            run(f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}")
+        return
+    if outcome == "rollback" and did_change:
+        ok, out = run(f"{HOSTSTATE} restore current")
+        result.note = f"rolled back with head {node.head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
+    RESULTS.append(result)
+    raise SmokeFailed(f"{host.name}: worker of cluster {node.cluster}: {result.failures()}\n"
+                      f"--- journal of {inst.unit}:\n{journal(inst.unit)}")
+
+
+def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool) -> None:
     results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait) for i in plan.instances]
     failed = [r for r in results if not r.ok]
     did_change = changed()
@@ -121,6 +185,7 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
         RESULTS.extend(results)
         raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
     t0 = time.monotonic()
+    _decide(plan, "rollback")  # before the head restores, so its workers restore alongside
     try:
         release, again = restore_and_check(plan, "current")
     except SmokeFailed as e:

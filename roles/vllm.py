@@ -16,6 +16,7 @@ from typing import Any
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
 
+from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, parse_inventory
@@ -30,6 +31,7 @@ class Refused(PyinfraError):
 
 
 _SPECS: dict[str, HostSpec] | None = None
+_NODES: dict[str, cluster.NodeRole] = {}
 
 
 def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
@@ -39,6 +41,11 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
             specs = parse_inventory(
                 (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
             )
+        except SpecError as e:
+            raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+        try:
+            _NODES.update(cluster.resolve(specs, {h.name: h.data.get("ssh_hostname") or h.name
+                                                  for h in inventory}))
         except SpecError as e:
             raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
         missing = [p for name, spec in specs.items() for inst in spec.instances
@@ -79,7 +86,8 @@ def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
         nv = host.get_fact(NvidiaGpus)
         gpus, driver, problem = tuple(nv["gpus"]), nv["driver"], nv["problem"]
     return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
-                     cpu_flags=frozenset(vh["cpu_flags"])), vh
+                     cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh.get("interfaces", {}),
+                     ip_filtering=vh.get("ip_filtering", True)), vh
 
 
 def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
@@ -87,7 +95,8 @@ def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
     facts, vh = host_facts(spec)
     try:
         configs, weights = _model_facts(spec)
-        plan = plan_host(host.name, spec, facts, os.environ, configs, weight_bytes=weights)
+        plan = plan_host(host.name, spec, facts, os.environ, configs, weight_bytes=weights,
+                         node=_NODES.get(host.name))
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
     for w in plan.warnings:
@@ -118,7 +127,9 @@ def deploy_vllm() -> None:
     for unit in removed:
         service.remove(unit)
     did_change = any(changed) or bool(removed) or built is not None
-    verify_op(plan, changed=lambda: did_change, had_state=bool(vh["state"]))
+    node = _NODES.get(host.name)
+    verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.cluster)),
+              had_state=bool(vh["state"]))
 
 
 _ROWS: list = []
@@ -145,14 +156,17 @@ def plan_report() -> None:
         # secrets are checked by the deploy; the plan only needs their names
         environ = {**{i.api_key_env: "-" for i in spec.instances if i.api_key_env},
                    **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
-        plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights)
+        plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
+                         node=_NODES.get(host.name))
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
         return
     find_links = f"/var/cache/vllm-fleet/wheels/{plan.release}" if plan.install_source == "cache" else None
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
     row.install = shlex.join(build_script(plan, find_links)[1])
-    row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}, {i.dtype})" for i in plan.instances]
+    row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}"
+                     + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
+                     + (f" [{i.node.describe()}]" if i.node else "") for i in plan.instances]
     row.warnings = list(plan.warnings)
 
 

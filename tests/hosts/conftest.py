@@ -59,8 +59,8 @@ def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
     Path(smoke_json).unlink()
     e["VLLM_FLEET_SMOKE_JSON"] = smoke_json
     cmd = [PYINFRA, "-y", *extra, INVENTORY, deploy_file]
-    if limit:
-        cmd[2:2] = ["--limit", limit]
+    if limit:  # "lab1,lab2": pyinfra takes one --limit per pattern
+        cmd[2:2] = [arg for name in limit.split(",") for arg in ("--limit", name)]
     proc = subprocess.run(cmd, cwd=ROOT, env=e, text=True, capture_output=True, timeout=timeout)
     smoke = json.loads(Path(smoke_json).read_text()) if Path(smoke_json).exists() else []
     Path(smoke_json).unlink(missing_ok=True)
@@ -113,14 +113,14 @@ def lab_hosts():
     booted_here = not lab.read_state()
     hosts = lab.up(2)
     make_tiny_model(TINY_MODEL)
-    yield [h.name for h in hosts]
+    yield [h.name for h in hosts[:2]]
     if booted_here and os.environ.get("CI") and not os.environ.get("VLLM_FLEET_KEEP_LAB"):
         lab.down()
 
 
 @pytest.fixture(scope="session")
 def deployed(lab_hosts):
-    """The first deploy of the session (a full install on fresh hosts)."""
-    run = deploy()
+    """The first deploy of the session (a full install on fresh hosts): the session's hosts only."""
+    run = deploy(limit=",".join(lab_hosts))
     assert run.rc == 0, run.output[-6000:]
     return run

