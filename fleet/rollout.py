@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +87,39 @@ def waves(hosts: Sequence[str], canary: int = 1, wave: str = "1", max_unavailabl
     return [w for w in out if w]
 
 
+def keep_groups_together(plan: list[list[str]], groups: Mapping[str, str]) -> list[list[str]]:
+    """A cluster's nodes change together (a group never mixes configs): they all join the wave of the
+    first of them, which may make that wave larger than asked."""
+    seen: set[str] = set()
+    out: list[list[str]] = []
+    for w in plan:
+        wave = []
+        for h in w:
+            if h in seen:
+                continue
+            members = [h] if h not in groups else [m for v in plan for m in v if groups.get(m) == groups[h]]
+            wave += [m for m in members if m not in seen]
+            seen.update(members)
+        if wave:
+            out.append(wave)
+    return out
+
+
+def inventory_groups(inventory: str) -> dict[str, str]:
+    """host -> the cluster it is a node of, read through pyinfra like the host names."""
+    code = ("import json, sys; from pyinfra.api import Config, State; "
+            "from pyinfra.context import ctx_config, ctx_state; "
+            "from pyinfra_cli.inventory import make_inventory; "
+            "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
+            "inv = make_inventory(sys.argv[1]); "
+            "print(json.dumps({h.name: ((h.data.get('vllm') or {}).get('cluster') or {}).get('name') "
+            "for h in inv}))")
+    out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
+    return {h: c for h, c in json.loads(out.stdout.strip().splitlines()[-1]).items() if c}
+
+
 def inventory_hosts(inventory: str, limit: str | None = None) -> list[str]:
     """Host names in inventory order, read by pyinfra itself (the same loader the deploy uses)."""
     code = ("import json, sys; from pyinfra.api import Config, State; "
@@ -110,7 +143,9 @@ def inventory_hosts(inventory: str, limit: str | None = None) -> list[str]:
 def _pyinfra(inventory: str, deploy: str, hosts: list[str], smoke_json: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).parent / "pyinfra"
     env = {**os.environ, "VLLM_FLEET_SMOKE_JSON": smoke_json}
-    cmd = [str(exe), "-y", "--limit", ",".join(hosts), inventory, str(ROOT / "deploys" / deploy)]
+    # one --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing
+    limits = [arg for h in hosts for arg in ("--limit", h)]
+    cmd = [str(exe), "-y", *limits, inventory, str(ROOT / "deploys" / deploy)]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
 
 
@@ -132,7 +167,7 @@ def run(inventory: str, deploy: str = "vllm.py", canary: int = 1, wave: str = "1
     hosts = inventory_hosts(inventory, limit)
     if not hosts:
         raise RuntimeError(f"no hosts in {inventory}" + (f" matching --limit {limit}" if limit else ""))
-    plan = waves(hosts, canary, wave, max_unavailable)
+    plan = keep_groups_together(waves(hosts, canary, wave, max_unavailable), inventory_groups(inventory))
     result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w})
     t0 = time.monotonic()
     log(f"rollout: {len(hosts)} hosts in {len(plan)} waves: "

@@ -45,6 +45,9 @@ class Target:
     port: int
     api_key_env: str | None
     tp: int = 1
+    # a node group's id, its store address "master-addr:master-port"; headless: a worker (no API)
+    group: str | None = None
+    headless: bool = False
 
     @property
     def unit(self) -> str:
@@ -52,8 +55,10 @@ class Target:
 
     @classmethod
     def of(cls, inst: InstancePlan) -> Target:
+        node = inst.node
         return cls(inst.name, inst.served_name, inst.host, inst.port, inst.secret_env.get("VLLM_API_KEY"),
-                   inst.tensor_parallel)
+                   inst.tensor_parallel, group=f"{node.head_address}:{node.master_port}" if node else None,
+                   headless=bool(node and not node.is_head))
 
 
 def run(command: str) -> tuple[bool, str]:
@@ -77,6 +82,14 @@ def _unit_crashed(unit: str) -> bool:
 def check(target: Target, release: str, timeout_s: float, wait: bool = True) -> smoke.SmokeResult:
     api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
     result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
+    if target.headless and target.group:
+        # a worker has no API: it is as good as its head's smoke test through the group
+        outcome = wait_for_head(target.group, lambda: True, timeout_s + 300)
+        alive = not _unit_crashed(target.unit)
+        result.checks.append(smoke.Check("worker", outcome == "ok" and alive,
+                                         f"head {target.group.split(':')[0]}: {outcome or 'no result'}"))
+        result.note = f"worker of the group at {target.group}"
+        return result
     with forward(host, target.host, target.port) as url:
         if wait:
             ready, waited = smoke.wait_healthy(url, timeout_s, alive=lambda: not _unit_crashed(target.unit))
@@ -97,21 +110,32 @@ def restored_targets(plan: HostPlan) -> list[Target]:
         path, _, body = block.partition("\n")
         name = path.strip().rsplit("/", 1)[-1].removesuffix(".yaml")
         vals = dict(re.findall(r"^([a-z-]+): *(.+?)\s*$", body, re.M))
+        group = f"{vals['master-addr']}:{vals.get('master-port', 29501)}" if "nnodes" in vals else None
         targets.append(Target(name, vals.get("served-model-name", name).strip("'\""),
                               vals.get("host", "127.0.0.1").strip("'\""), int(vals.get("port", 8000)),
-                              keys.get(name, "VLLM_API_KEY"), int(vals.get("tensor-parallel-size", 1))))
+                              keys.get(name, "VLLM_API_KEY"), int(vals.get("tensor-parallel-size", 1)),
+                              group=group, headless=vals.get("headless") == "true"))
     return targets
 
 
-# cluster name -> what its head decided in this run: "ok", "rollback" or "failed". The workers' checks
-# run at the same time in this process (pyinfra runs an operation on every host concurrently) and wait.
+# node group ("master-addr:port") -> what its head decided in this run: "ok", "rollback" or "failed".
+# The workers' checks run at the same time in this process (pyinfra runs an operation on every host
+# concurrently) and wait for it.
 OUTCOME: dict[str, str] = {}
 
 
 def _decide(plan: HostPlan, outcome: str) -> None:
-    node = plan.instances[0].node if plan.instances else None
-    if node is not None:
-        OUTCOME.setdefault(node.cluster, outcome)
+    group = Target.of(plan.instances[0]).group if plan.instances else None
+    if group is not None:
+        OUTCOME.setdefault(group, outcome)
+
+
+def wait_for_head(group: str, head_running: Callable[[], bool], timeout_s: float) -> str | None:
+    """The head's outcome for this group, once its check (running concurrently) has decided."""
+    t0 = time.monotonic()
+    while group not in OUTCOME and head_running() and time.monotonic() - t0 < timeout_s:
+        time.sleep(1)  # cooperative: pyinfra's CLI monkey-patches for gevent
+    return OUTCOME.get(group)
 
 
 def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
@@ -139,11 +163,9 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
     inst = plan.instances[0]
     result = smoke.SmokeResult(host.name, inst.name, inst.served_name, inst.tensor_parallel, plan.release)
     did_change = result.changed = changed()
-    t0 = time.monotonic()
-    while node.cluster not in OUTCOME and _head_in_run(node.head) and \
-            time.monotonic() - t0 < plan.ready_timeout_s + 300:
-        time.sleep(1)  # cooperative: pyinfra's CLI monkey-patches for gevent
-    outcome = OUTCOME.get(node.cluster)
+    group = Target.of(inst).group
+    assert group is not None
+    outcome = wait_for_head(group, lambda: _head_in_run(node.head), plan.ready_timeout_s + 300)
     active = not _unit_crashed(inst.unit)
     if outcome is None and not _head_in_run(node.head):
         # --limit without the head: the group cannot be smoke-tested from here
@@ -207,7 +229,11 @@ def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.Smoke
     if not ok:
         raise SmokeFailed(out.strip().splitlines()[-1] if out.strip() else "restore failed")
     release = json.loads(out.strip().splitlines()[-1])["release"]
-    results = [check(t, release, plan.ready_timeout_s) for t in restored_targets(plan)]
+    targets = restored_targets(plan)
+    results = [check(t, release, plan.ready_timeout_s) for t in targets]
+    for t, r in zip(targets, results, strict=True):
+        if t.group and not t.headless:  # a head: its workers' checks wait for this
+            OUTCOME.setdefault(t.group, "ok" if r.ok else "failed")
     for r in results:
         r.note = f"rolled back to {release}" + ("" if r.ok else " and STILL FAILING")
     RESULTS.extend(results)

@@ -1,4 +1,5 @@
-"""Units exactly as the deploy renders them, for a CPU lab host and a GPU host (2x H100, GPUs 0, 1).
+"""Units exactly as the deploy renders them: a CPU lab host, a GPU host (2x H100, GPUs 0, 1) and a worker
+node of a two-node cluster (the same GPUs).
 
 The GPU host is described literally here (no GPU on this machine); rendering runs in a subprocess so
 the planner's imports stay those of a deploy.
@@ -28,7 +29,15 @@ cpu = plan_host("lab1", parse_host("lab1", lab_vllm(1)), HostFacts(), env)
 gpus = tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"0:{i}") for i in range(2))
 g = parse_host("gpu1", {"model": {"name": "m", "host_path": "/var/lib/vllm/models/m"}})
 gpu = plan_host("gpu1", g, HostFacts(gpus=gpus, driver=DriverVersion.parse("580.105.08")), env)
-print(json.dumps({"cpu": render.unit(cpu, cpu.instances[0]), "gpu": render.unit(gpu, gpu.instances[0])}))
+from fleet.cluster import resolve
+nodes = {n: parse_host(n, {"model": {"name": "m", "host_path": "/var/lib/vllm/models/m"},
+                           "cluster": {"name": "big", "nodes": ["gpu1", "gpu2"], "address": a}})
+         for n, a in (("gpu1", "10.0.0.1"), ("gpu2", "10.0.0.2"))}
+role = resolve(nodes, {})["gpu2"]
+w = plan_host("gpu2", nodes["gpu2"], HostFacts(gpus=gpus, driver=DriverVersion.parse("580.105.08"),
+                                               interfaces={"10.0.0.2": "ens5"}), env, node=role)
+print(json.dumps({"cpu": render.unit(cpu, cpu.instances[0]), "gpu": render.unit(gpu, gpu.instances[0]),
+                  "cluster-worker": render.unit(w, w.instances[0])}))
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)

@@ -75,6 +75,27 @@ def test_two_hosts_serve_one_model_through_the_head(deployed):
         assert again.rc == 0, again.output[-4000:]
         assert again.changed_ops() == [], again.changed_ops()
         assert {h: unit_props(h)["MainPID"] for h in NODES} == pids
+
+        # a change that breaks the group (gloo on an interface the nodes lack) passes validation, fails
+        # the head's smoke test, and both nodes go back to the group's last good config together
+        bad = {"__replace__": {n: {**v, "env": {**v["env"], "GLOO_SOCKET_IFNAME": "eth9"}}
+                               for n, v in CLUSTER["__replace__"].items()}}
+        broken = deploy(overrides=bad, limit=PAIR)
+        assert broken.rc != 0, broken.output[-4000:]
+        assert "lab1: change failed and was rolled back" in broken.output, broken.output[-4000:]
+        notes = {r["host"]: r["note"] for r in broken.smoke}
+        assert notes["lab2"] == "rolled back with head lab1", broken.smoke
+        for h in NODES:
+            assert "eth9" not in on(h, "systemctl show vllm-default -p Environment")
+        assert "GLOO_SOCKET_IFNAME=host0" in on("lab2", "systemctl show vllm-default -p Environment")
+        status = deploy("deploys/smoke.py", overrides=CLUSTER, limit=PAIR)
+        assert status.rc == 0 and all(r["ok"] for r in status.smoke), status.output[-4000:]
+
+        # rollback one step: the nodes return to what they ran before the group, each serving alone
+        rb = deploy("deploys/rollback.py", overrides=CLUSTER, limit=PAIR)
+        assert rb.rc == 0, rb.output[-4000:]
+        assert all(r["ok"] and r["tp"] == 1 for r in rb.smoke), rb.smoke
+        assert "headless" not in on("lab2", "cat /etc/vllm/default.yaml")
     finally:
         back = deploy(limit=PAIR)
     assert back.rc == 0, back.output[-4000:]

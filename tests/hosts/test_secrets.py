@@ -68,7 +68,7 @@ def test_network_bind_without_key_is_refused(deployed):
     assert "Beginning operation run" not in run.output
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", ["cpu", "gpu", "cluster-worker"])
 def test_units_pass_systemd_analyze_verify_on_a_lab_root(deployed, kind):
     root = lab.LabHost(1).root
     unit = root / "etc/systemd/system" / f"vllm-verify{kind}.service"
