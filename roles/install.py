@@ -82,7 +82,7 @@ def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]
     return "\n".join(lines), cmd
 
 
-def _prepare_bundle(plan: HostPlan) -> None:
+def prepare_bundle(plan: HostPlan) -> None:
     """Controller side, at execution time (so `--dry` downloads nothing): fetch once, bundle once."""
     build = plan.install_spec.build
     index_args = [a for url in build.extra_index_urls for a in ("--extra-index-url", url)]
@@ -100,7 +100,7 @@ def release(plan: HostPlan, installed: list[str]):
     if plan.install_source == "cache":
         find_links = f"{HOST_WHEELS}/{plan.release}"
         bundle = f"/var/cache/vllm-fleet/bundles/{plan.release}.tar"
-        python.call(name=f"controller wheel cache for {plan.release}", function=_prepare_bundle, plan=plan)
+        python.call(name=f"controller wheel cache for {plan.release}", function=prepare_bundle, plan=plan)
         local = wheels.bundle_path(plan.release, plan.install_spec.build.remove_after_install)
         files.put(name=f"wheel bundle {plan.release}", src=str(local), dest=bundle, create_remote_dir=True,
                   assume_exists=True)

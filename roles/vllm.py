@@ -104,6 +104,24 @@ def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
     return plan, vh
 
 
+def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
+    """Secrets are checked by the deploy; plans that only read (plan, bench) need their names only."""
+    return {**{i.api_key_env: "-" for i in spec.instances if i.api_key_env},
+            **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
+
+
+def plan_without_secrets() -> HostPlan:
+    """The deploy's own plan for this host, for read-only work that needs no key on the controller."""
+    spec = inventory_specs(check_secrets=False)[host.name]
+    facts, _ = host_facts(spec)
+    try:
+        configs, weights = _model_facts(spec)
+        return plan_host(host.name, spec, facts, placeholder_secrets(spec), configs, weight_bytes=weights,
+                         node=_NODES.get(host.name))
+    except SpecError as e:
+        raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+
+
 def deploy_vllm() -> None:
     """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back.
 
@@ -153,10 +171,7 @@ def plan_report() -> None:
     _ROWS.append(row)
     try:
         configs, weights = _model_facts(spec)
-        # secrets are checked by the deploy; the plan only needs their names
-        environ = {**{i.api_key_env: "-" for i in spec.instances if i.api_key_env},
-                   **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
-        plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
+        plan = plan_host(host.name, spec, facts, placeholder_secrets(spec), configs, weight_bytes=weights,
                          node=_NODES.get(host.name))
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)

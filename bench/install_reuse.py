@@ -1,0 +1,169 @@
+"""A release installed from the controller's warm wheel cache against a first install with an empty
+cache, measured side by side in one run on one lab host (ratios, not absolute times).
+
+  python bench/install_reuse.py [--host lab3] [--runs 1] [--second 0.31.0]
+
+Each measurement starts the host from nothing for this release: the service stopped, the release
+directory, any half-built one, the host's uv cache and its unpacked wheels removed. Then
+bench/install_release.py (the install part of deploys/vllm.py) runs with either an empty
+VLLM_FLEET_CACHE (pip downloads every wheel, then bundles them) or the lab's warm one. Runs alternate
+cold / warm. Then a second release (--second) is installed beside the running one, from a controller
+cache filled beforehand, with the host's uv cache as its first install left it: a release upgrade.
+At the end the ordinary deploy puts the host back: its normal release, serving, smoke-tested.
+
+Downloads are counted from the controller's own log line ("wheel cache: downloading ..."), printed once
+per release whatever the host count (fleet/wheels.py holds one lock per release), and their bytes from
+the cache directory they filled; what each host receives is the bundle, over the LAN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+INVENTORY = str(ROOT / "inventories" / "lab.py")
+TARGET = 5.0
+
+
+def pyinfra(deploy: str, host: str, env: dict[str, str], inventory: str = INVENTORY) -> tuple[float, str]:
+    cmd = [PYINFRA, "-y", "--limit", host, inventory, deploy]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    took = time.monotonic() - t0
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}")
+    return took, out.stdout + out.stderr
+
+
+def ssh(address: str, key: Path, command: str) -> str:
+    from fleet.lab import SSH_OPTS
+
+    out = subprocess.run(["ssh", *SSH_OPTS, "-i", str(key), f"root@{address}", command],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        sys.exit(f"on the host: {command}\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="lab3")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--second", default="0.31.0",
+                    help="a second release to install next to the running one ('' to skip)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from fleet import lab, wheels
+    from fleet.lab_inventory import TINY_MODEL
+
+    hosts = {h.name: h for h in lab.read_state()}
+    if args.host not in hosts:
+        sys.exit(f"{args.host} is not up (lab hosts: {', '.join(hosts) or 'none'})")
+    address, key = hosts[args.host].address, lab.ssh_key()
+    base_env = {**os.environ, "VLLM_FLEET_TINY_MODEL": str(TINY_MODEL)}
+    release = ssh(address, key, "readlink /opt/vllm/current").strip().rsplit("/", 1)[-1]
+    if not release:
+        sys.exit(f"{args.host} has no current release: deploy it first")
+    warm_wheels = wheels.wheel_dir(release)
+    if not (warm_wheels / ".complete").exists():
+        sys.exit(f"no warm wheel cache for {release} at {warm_wheels}: run `make demo` first")
+    unit = "vllm-default.service"
+    fresh = (f"systemctl stop {unit}; rm -rf /opt/vllm/releases/{release} /opt/vllm/releases/.tmp-{release} "
+             "/root/.cache/uv /var/cache/vllm-fleet/wheels /var/cache/vllm-fleet/bundles")
+
+    times: dict[str, list[float]] = {"cold": [], "warm": []}
+    downloads = {"cold": 0, "warm": 0}
+    cold_bytes = cold_wheels = 0
+    fetch_s: list[float] = []
+    bundle_bytes = 0
+    for _ in range(args.runs):
+        for kind in ("cold", "warm"):
+            ssh(address, key, fresh)
+            env = dict(base_env)
+            tmp = None
+            if kind == "cold":
+                tmp = tempfile.mkdtemp(prefix="vllm-fleet-cold-cache-", dir="/var/tmp")
+                env["VLLM_FLEET_CACHE"] = tmp
+            try:
+                took, out = pyinfra("bench/install_release.py", args.host, env)
+                if f"build release {release}" not in out:
+                    sys.exit(f"the {kind} run did not build {release}:\n{out[-2000:]}")
+                downloads[kind] += sum(1 for line in out.splitlines()
+                                       if "wheel cache: downloading" in line and release in line)
+                fetch_s += [float(m) for m in re.findall(r"wheel cache: \d+ wheels in (\d+) s", out)]
+                if tmp:
+                    cache = Path(tmp) / "wheels" / release
+                    cold_bytes, cold_wheels = dir_bytes(cache), sum(1 for _ in cache.glob("*.whl"))
+                    bundle_bytes = dir_bytes(Path(tmp) / "bundles")
+            finally:
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            times[kind].append(took)
+            print(f"{kind} install of {release} on {args.host}: {took:.1f} s", flush=True)
+
+    # The case the cache is for: a second release on a host that runs one. The controller downloads the
+    # second release once (not timed: once per fleet), the host keeps the uv cache its first install left.
+    second_took = None
+    if args.second:
+        inv = ROOT / ".cache" / "bench-second-release.py"
+        inv.parent.mkdir(exist_ok=True)
+        inv.write_text("from fleet.lab_inventory import lab_hosts\n"
+                       f"lab = [(n, {{**d, 'vllm': {{**d['vllm'], 'version': {args.second!r}}}}}) "
+                       "for n, d in lab_hosts()]\n")
+        second = f"{args.second}-cpu"
+        ssh(address, key, f"rm -rf /opt/vllm/releases/{second} /opt/vllm/releases/.tmp-{second}")
+        pyinfra("bench/fill_wheel_cache.py", args.host, base_env, inventory=str(inv))
+        second_took, out = pyinfra("bench/install_release.py", args.host, base_env, inventory=str(inv))
+        if f"build release {second}" not in out:
+            sys.exit(f"the second-release run did not build {second}:\n{out[-2000:]}")
+        ssh(address, key, f"rm -rf /opt/vllm/releases/{second}")
+        print(f"second release {second} on {args.host} (host uv cache kept): {second_took:.1f} s", flush=True)
+
+    # back to normal: the ordinary deploy finds its release present and restarts the stopped service
+    _, out = pyinfra("deploys/vllm.py", args.host, base_env)
+    smoke = [line for line in out.splitlines() if line.startswith(args.host)]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = med["cold"] / med["warm"]
+    gib = 1024 ** 3
+    print(f"\n{args.host} restored by deploys/vllm.py: " + (smoke[-1] if smoke else "(no smoke line)"))
+    print(f"\ninstall of release {release} on {args.host} (fresh host each time), median of {args.runs}:")
+    print(f"  first install, empty controller cache:  {med['cold']:7.1f} s   runs: "
+          + ", ".join(f"{t:.1f}" for t in times["cold"]))
+    print(f"  install from the warm wheel cache:      {med['warm']:7.1f} s   runs: "
+          + ", ".join(f"{t:.1f}" for t in times["warm"]))
+    if fetch_s:
+        secs = statistics.median(fetch_s)
+        print(f"  of the first install, pip download into the empty cache: {secs:.0f} s "
+              "(torch from the local folder pip is configured with, the rest from PyPI)")
+    print(f"  wheel downloads: {downloads['cold']} in {args.runs} cold run(s) ({cold_wheels} wheels, "
+          f"{cold_bytes / gib:.2f} GiB), {downloads['warm']} in {args.runs} warm run(s); per host over the "
+          f"LAN: one {bundle_bytes / gib:.2f} GiB bundle")
+    print("  for N hosts: 1 download per release (one lock per release in fleet/wheels.py), N bundle copies")
+    verdict = "met" if ratio >= TARGET else "NOT met"
+    print(f"  cold / warm (same release, host from nothing):  {ratio:5.2f} x   "
+          f"(target >= {TARGET:g}: {verdict})")
+    if second_took is not None:
+        r2 = med["cold"] / second_took
+        verdict = "met" if r2 >= TARGET else "NOT met"
+        print(f"  second release {args.second} from the warm cache on a host that runs {release}: "
+              f"{second_took:.1f} s")
+        print(f"  cold / second release:  {r2:5.2f} x   (target >= {TARGET:g}: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
