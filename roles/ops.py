@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 from io import BytesIO
 
@@ -25,6 +26,59 @@ class Secret:
     __str__ = __repr__
 
 
+# A cache of the hosts' own checksums, keyed by each file's size, mtime, ctime and inode: a file whose
+# stat is unchanged is not read again (a 140 GB model, the 38 MB uv, on every rerun). ctime cannot be set
+# back, so a file changed since (even with its mtime restored) is hashed again; files changed in the last
+# two seconds are not cached (a write in the same clock tick would keep the ctime). Root-only, like the
+# rest of /var/lib/vllm-fleet; when it cannot be written the files are simply hashed every time.
+SUMS = "/var/lib/vllm-fleet/sums.json"
+
+_MANIFEST_PY = r"""
+import grp, hashlib, json, os, pwd, stat, sys, time
+path = sys.argv[1]
+try:
+    sums = json.load(open(path))
+except (OSError, ValueError):
+    sums = {}
+dirty = False
+for p in sys.argv[2:]:
+    try:
+        st = os.stat(p)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        print("- - - -", p)
+        continue
+    key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    e = sums.get(p)
+    if e and e[:4] == key:
+        sha = e[4]
+    else:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+        sha = h.hexdigest()
+        if st.st_ctime < time.time() - 2:
+            sums[p] = key + [sha]
+            dirty = True
+    def name(get, i):
+        try:
+            return get(i)[0]
+        except KeyError:
+            return str(i)
+    mode = format(st.st_mode & 0o7777, "o")
+    print(sha, name(pwd.getpwuid, st.st_uid), name(grp.getgrgid, st.st_gid), mode, p)
+if dirty:
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(sums, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+"""
+
+
 class Manifest(FactBase):
     """
     Returns sha256, owner, group and mode of many files in one remote command:
@@ -35,10 +89,7 @@ class Manifest(FactBase):
     """
 
     def command(self, paths: tuple[str, ...]) -> str:
-        quoted = " ".join(shlex.quote(p) for p in paths)
-        return (f"for p in {quoted}; do if [ -f \"$p\" ]; then "
-                "echo \"$(sha256sum \"$p\" | cut -d' ' -f1) $(stat -c '%U %G %a' \"$p\") $p\"; "
-                "else echo \"- - - - $p\"; fi; done")
+        return shlex.join(["python3", "-c", _MANIFEST_PY, SUMS, *paths])
 
     def process(self, output):
         out = {}
@@ -65,10 +116,27 @@ def stale(files: list[tuple[str | bytes | Secret, str]], user: str, group: str, 
     have = _MANIFESTS[key]
     out = []
     for src, dest in files:
-        data = _bytes(src)
-        if have.get(dest) != (hashlib.sha256(data).hexdigest(), user, group, _mode(mode)):
+        if have.get(dest) != (sha256(src), user, group, _mode(mode)):
             out.append((src, dest))
     return out
+
+
+_LOCAL_SUMS: dict[tuple[str, int, int], str] = {}
+
+
+def sha256(src: str | bytes | Secret) -> str:
+    """A controller file is hashed once per run (and per change), not once per host."""
+    if isinstance(src, str):
+        st = os.stat(src)
+        key = (src, st.st_size, st.st_mtime_ns)
+        if key not in _LOCAL_SUMS:
+            h = hashlib.sha256()
+            with open(src, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            _LOCAL_SUMS[key] = h.hexdigest()
+        return _LOCAL_SUMS[key]
+    return hashlib.sha256(_bytes(src)).hexdigest()
 
 
 def _bytes(src: str | bytes | Secret) -> bytes:
@@ -110,3 +178,4 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
         yield FileUploadCommand(payload, staged, remote_temp_filename=f"{staged}.part")
         yield (f"chown {user}:{group} {shlex.quote(staged)} && chmod {mode} {shlex.quote(staged)} && "
                f"mv -f {shlex.quote(staged)} {shlex.quote(dest)}")
+

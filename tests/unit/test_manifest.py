@@ -1,0 +1,59 @@
+"""The Manifest fact's host-side script, run here on real files (the same python3 code the hosts run):
+a file whose stat is unchanged is not read again, a changed one always is."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from roles.ops import _MANIFEST_PY, Manifest
+
+
+def manifest(sums: Path, *paths: Path) -> dict[str, list[str]]:
+    out = subprocess.run([sys.executable, "-c", _MANIFEST_PY, str(sums), *map(str, paths)],
+                         capture_output=True, text=True, check=True).stdout
+    return {line.split(" ", 4)[4]: line.split(" ", 4)[:4] for line in out.splitlines()}
+
+
+def aged(f: Path) -> None:
+    """Files younger than 2 s are never cached: wait that out instead of faking a clock."""
+    time.sleep(max(0.0, os.stat(f).st_ctime + 2.1 - time.time()))
+
+
+def test_hashes_owner_and_mode_like_sha256sum_and_stat(tmp_path: Path) -> None:
+    f = tmp_path / "config.json"
+    f.write_bytes(b'{"a": 1}')
+    f.chmod(0o640)
+    got = manifest(tmp_path / "sums.json", f, tmp_path / "missing")
+    assert got[str(f)][0] == hashlib.sha256(b'{"a": 1}').hexdigest()
+    assert got[str(f)][3] == "640"
+    assert got[str(tmp_path / "missing")] == ["-", "-", "-", "-"]
+
+
+def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    sums, f = tmp_path / "sums.json", tmp_path / "model.safetensors"
+    f.write_bytes(b"weights v1")
+    young = manifest(sums, f)
+    assert not sums.exists()  # changed under 2 s ago: not cached
+    aged(f)
+    assert manifest(sums, f) == young and sums.exists()
+    # prove the cache is what answers: a planted checksum comes back while the stat is unchanged
+    cache = json.loads(sums.read_text())
+    cache[str(f)][4] = "planted"
+    sums.write_text(json.dumps(cache))
+    assert manifest(sums, f)[str(f)][0] == "planted"
+    # same size, mtime put back: the ctime moved, so the file is read again
+    st = os.stat(f)
+    f.write_bytes(b"weights v2")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert manifest(sums, f)[str(f)][0] == hashlib.sha256(b"weights v2").hexdigest()
+
+
+def test_fact_command_is_one_python3_call_over_every_path() -> None:
+    cmd = Manifest().command(("/etc/vllm/default.yaml", "/etc/vllm/default.env"))
+    assert cmd.startswith("python3 -c ") and cmd.endswith("/etc/vllm/default.yaml /etc/vllm/default.env")
