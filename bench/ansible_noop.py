@@ -2,7 +2,7 @@
 
   python bench/ansible_noop.py [--host lab3] [--runs 3]
 
-Needs a deployed lab host and ansible-core (`pip install -e '.[bench]'`, or a venv in .cache/ansible-venv).
+Needs a deployed lab host; ansible-core comes from the `bench` extra or is installed into .cache/ansible-venv.
 The Ansible play (bench/ansible/vllm.yml) asserts the same host configuration deploys/vllm.py makes, with
 every file's content rendered by our own code (bench/ansible/render_desired.py), and the same smoke
 checks; a run counts only when it changed nothing. Runs alternate Ansible / our deploy / a bare
@@ -36,10 +36,14 @@ def ansible_playbook() -> str:
         if cand.exists():
             return str(cand)
     found = shutil.which("ansible-playbook")
-    if not found:
-        sys.exit("ansible-playbook not found: pip install -e '.[bench]' (or ansible-core into "
-                 ".cache/ansible-venv)")
-    return found
+    if found:
+        return found
+    # a bench-only dependency: its own venv, so the project's never carries it
+    venv = ROOT / ".cache" / "ansible-venv"
+    print(f"installing ansible-core into {venv} (bench only, once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "ansible-core"], check=True)
+    return str(venv / "bin" / "ansible-playbook")
 
 
 def run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
