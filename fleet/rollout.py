@@ -105,32 +105,31 @@ def keep_groups_together(plan: list[list[str]], groups: Mapping[str, str]) -> li
     return out
 
 
-def inventory_groups(inventory: str) -> dict[str, str]:
-    """host -> the cluster it is a node of, read through pyinfra like the host names."""
+def _read_inventory(inventory: str, expression: str) -> object:
+    """Evaluate `expression` over `inv`, the inventory as pyinfra itself loads it (the deploy's loader)."""
     code = ("import json, sys; from pyinfra.api import Config, State; "
             "from pyinfra.context import ctx_config, ctx_state; "
             "from pyinfra_cli.inventory import make_inventory; "
             "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
-            "inv = make_inventory(sys.argv[1]); "
-            "print(json.dumps({h.name: ((h.data.get('vllm') or {}).get('cluster') or {}).get('name') "
-            "for h in inv}))")
+            f"inv = make_inventory(sys.argv[1]); print(json.dumps({expression}))")
     out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
-    return {h: c for h, c in json.loads(out.stdout.strip().splitlines()[-1]).items() if c}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def inventory_groups(inventory: str) -> dict[str, str]:
+    """host -> the cluster it is a node of."""
+    found = _read_inventory(inventory, "{h.name: ((h.data.get('vllm') or {}).get('cluster') or {})"
+                                       ".get('name') for h in inv}")
+    assert isinstance(found, dict)
+    return {h: c for h, c in found.items() if c}
 
 
 def inventory_hosts(inventory: str, limit: str | None = None) -> list[str]:
-    """Host names in inventory order, read by pyinfra itself (the same loader the deploy uses)."""
-    code = ("import json, sys; from pyinfra.api import Config, State; "
-            "from pyinfra.context import ctx_config, ctx_state; "
-            "from pyinfra_cli.inventory import make_inventory; "
-            "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
-            "inv = make_inventory(sys.argv[1]); print(json.dumps([h.name for h in inv]))")
-    out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
-    names = json.loads(out.stdout.strip().splitlines()[-1])
+    """Host names in inventory order."""
+    names = _read_inventory(inventory, "[h.name for h in inv]")
+    assert isinstance(names, list)
     if limit:
         wanted = [n.strip() for n in limit.split(",") if n.strip()]
         unknown = [n for n in wanted if n not in names]
