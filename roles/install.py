@@ -36,10 +36,13 @@ def base(base_ok: bool) -> None:
             "--no-create-home --shell /usr/sbin/nologin vllm",
             dirs,
         ])
-    synced_files(name="uv and the host tools", mode="755", files=[
-        (str(wheels.uv_binary()), "/usr/local/bin/uv"),
-        *[(str(FLEET_SRC / tool), f"{HOST_TOOLS}/{tool}") for tool in ("hoststate.py", "validate_serve.py")],
-    ])
+    synced_files(name="uv and the host tools", mode="755", files=tool_files())
+
+
+def tool_files() -> list[tuple[str, str]]:
+    """What every host gets besides the release: uv and the two host-side scripts."""
+    return [(str(wheels.uv_binary()), "/usr/local/bin/uv"),
+            *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in ("hoststate.py", "validate_serve.py")]]
 
 
 def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]]:

@@ -15,9 +15,16 @@ def stage(inst: InstancePlan) -> bool:
     """
     if not inst.stage_from:
         return False
-    src = Path(inst.stage_from)
-    pairs = [(str(f), f"{inst.model_dir}/{f.name}") for f in sorted(p for p in src.iterdir() if p.is_file())]
+    pairs = files(inst)
     if not stale(pairs, "vllm", "vllm", "640"):
         return False
     synced_files(name=f"model files {inst.model_dir}", files=pairs, user="vllm", group="vllm", mode="640")
     return True
+
+
+def files(inst: InstancePlan) -> list[tuple[str, str]]:
+    """(controller file, host path) of a staged model; empty when the model is not staged."""
+    if not inst.stage_from:
+        return []
+    src = Path(inst.stage_from)
+    return [(str(f), f"{inst.model_dir}/{f.name}") for f in sorted(p for p in src.iterdir() if p.is_file())]

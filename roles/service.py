@@ -15,7 +15,7 @@ from roles.ops import Secret, stale, synced_files
 STAGED = "/var/lib/vllm-fleet/staged"
 
 
-def _paths(inst: InstancePlan) -> tuple[str, ...]:
+def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
     return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml")
 
@@ -25,7 +25,7 @@ def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> 
     True then (the caller validates). The staged copy is refreshed whenever it differs, so a
     validation never reads an older config."""
     content = render.serve_config(plan, inst).encode()
-    paths = _paths(inst)
+    paths = instance_paths(inst)
     if not (stale([(content, inst.config_path)], "root", "root", "644", paths) or release_changing):
         return False
     staged = [(content, f"{STAGED}/{inst.name}.yaml")]
@@ -56,7 +56,7 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     config = [(render.serve_config(plan, inst).encode(), inst.config_path)]
     env = [(Secret(render.env_file(inst, os.environ)), inst.env_path)]
     unit = [(render.unit(plan, inst).encode(), f"/etc/systemd/system/{inst.unit}")]
-    paths = _paths(inst)
+    paths = instance_paths(inst)
     stale_config = bool(stale(config, "root", "root", "644", paths))
     stale_env = bool(stale(env, "root", "root", "600", paths))
     stale_unit = bool(stale(unit, "root", "root", "644", paths))

@@ -23,6 +23,7 @@ from fleet.spec import HostSpec, SpecError, parse_inventory
 from fleet.tables import columns
 from roles import install, model, service
 from roles.facts import HostModel, VllmHost
+from roles.ops import prefetch
 from roles.smoke import verify_op
 
 
@@ -129,6 +130,9 @@ def deploy_vllm() -> None:
     runs, and a converged host costs a handful of remote commands.
     """
     plan, vh = plan_this_host()
+    prefetch([tuple(d for _, d in install.tool_files()),
+              *[tuple(d for _, d in model.files(i)) for i in plan.instances],
+              *[service.instance_paths(i) for i in plan.instances]])
     install.base(vh["base_ok"])
     built = install.release(plan, vh["releases"])
     release_changing = vh["current"] != plan.release
