@@ -45,10 +45,15 @@ class NodeRole:
     def head_address(self) -> str:
         return self.addresses[0]
 
+    @property
+    def store(self) -> str:
+        """The group's identity in a run: the head's torch.distributed store, as the nodes' configs say."""
+        return f"{self.head_address}:{self.master_port}"
+
     def describe(self) -> str:
         role = "head" if self.is_head else "worker"
         return (f"{self.cluster}: node {self.rank} of {self.nnodes} ({role}, {self.address}), "
-                f"split {self.split}, store {self.head_address}:{self.master_port}")
+                f"split {self.split}, store {self.store}")
 
 
 def _ip(value: str | None) -> str | None:

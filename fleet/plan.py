@@ -283,10 +283,6 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         heads = model_config.get("num_attention_heads")
         kv_heads = model_config.get("num_key_value_heads", heads)
     pp = f.pipeline_parallel_size
-    if node is not None and f.distributed_executor_backend not in (None, "mp"):
-        raise SpecError([f"{where}.flags.distributed_executor_backend: {f.distributed_executor_backend!r}, "
-                         f"but cluster '{node.cluster}' runs vLLM's multi-node mode, which needs 'mp'; "
-                         "leave it unset"])
     if node is not None:
         tp, pp, local = cluster_parallel(host, inst.name, node, spec.accelerator, len(gpus), f, heads,
                                          kv_heads, warnings)
@@ -385,6 +381,10 @@ def cluster_parallel(host: str, inst_name: str, node: NodeRole, accelerator: str
     tensor-parallel group of every node's GPUs. A CPU node runs one worker.
     """
     where = f"{host}: vllm.instances[{inst_name}].flags"
+    if f.distributed_executor_backend not in (None, "mp"):
+        raise SpecError([f"{where}.distributed_executor_backend: {f.distributed_executor_backend!r}, "
+                         f"but cluster '{node.cluster}' runs vLLM's multi-node mode, which needs 'mp'; "
+                         "leave it unset"])
     local = n_gpus if accelerator == "cuda" else 1
     if node.split == "pipeline":
         if f.pipeline_parallel_size not in (1, node.nnodes):

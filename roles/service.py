@@ -76,15 +76,15 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
                      commands=[f"systemctl restart {inst.unit}"])
     elif inst.node is not None:
         # A node group forms only with every node on the new config: a change on one node restarts all.
-        group = inst.node.cluster
-        server.shell(name=f"restart {inst.unit} (if another node of cluster {group} changed)",
+        group = inst.node.store
+        server.shell(name=f"restart {inst.unit} (if another node of cluster {inst.node.cluster} changed)",
                      commands=[f"systemctl restart {inst.unit}"],
                      _if=lambda: CLUSTER_CHANGED.get(group, False))
     if inst.node is not None and changed:
-        CLUSTER_CHANGED[inst.node.cluster] = True
+        CLUSTER_CHANGED[inst.node.store] = True
     return changed
 
 
-# cluster name -> some node's files changed in this run; read when the operations execute, after every
-# host has been collected.
+# node group (NodeRole.store) -> some node's files changed in this run; read when the operations
+# execute, after every host has been collected.
 CLUSTER_CHANGED: dict[str, bool] = {}

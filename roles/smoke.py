@@ -57,7 +57,7 @@ class Target:
     def of(cls, inst: InstancePlan) -> Target:
         node = inst.node
         return cls(inst.name, inst.served_name, inst.host, inst.port, inst.secret_env.get("VLLM_API_KEY"),
-                   inst.tensor_parallel, group=f"{node.head_address}:{node.master_port}" if node else None,
+                   inst.tensor_parallel, group=node.store if node else None,
                    headless=bool(node and not node.is_head))
 
 
@@ -83,13 +83,7 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True) -> 
     api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
     result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
     if target.headless and target.group:
-        # a worker has no API: it is as good as its head's smoke test through the group
-        outcome = wait_for_head(target.group, lambda: True, timeout_s + 300)
-        alive = not _unit_crashed(target.unit)
-        result.checks.append(smoke.Check("worker", outcome == "ok" and alive,
-                                         f"head {target.group.split(':')[0]}: {outcome or 'no result'}"))
-        result.note = f"worker of the group at {target.group}"
-        return result
+        return worker_check(target, release, lambda: True, timeout_s)
     with forward(host, target.host, target.port) as url:
         if wait:
             ready, waited = smoke.wait_healthy(url, timeout_s, alive=lambda: not _unit_crashed(target.unit))
@@ -130,12 +124,27 @@ def _decide(plan: HostPlan, outcome: str) -> None:
         OUTCOME.setdefault(group, outcome)
 
 
-def wait_for_head(group: str, head_running: Callable[[], bool], timeout_s: float) -> str | None:
-    """The head's outcome for this group, once its check (running concurrently) has decided."""
+def worker_check(target: Target, release: str, head_running: Callable[[], bool],
+                 timeout_s: float) -> smoke.SmokeResult:
+    """A worker has no API: it is as good as its head's smoke test through the group, which runs
+    concurrently in this process; wait for that outcome (or for the head to drop out of the run)."""
+    assert target.group is not None
     t0 = time.monotonic()
-    while group not in OUTCOME and head_running() and time.monotonic() - t0 < timeout_s:
+    while target.group not in OUTCOME and head_running() and time.monotonic() - t0 < timeout_s + 300:
         time.sleep(1)  # cooperative: pyinfra's CLI monkey-patches for gevent
-    return OUTCOME.get(group)
+    outcome = OUTCOME.get(target.group)
+    alive = not _unit_crashed(target.unit)
+    head = target.group.rsplit(":", 1)[0]
+    result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
+    if outcome is None and not head_running():
+        # --limit without the head: the group cannot be smoke-tested from here
+        result.checks.append(smoke.Check("worker", alive, f"unit {'running' if alive else 'FAILED'}; head "
+                                         f"{head} not in this run, not smoke-tested"))
+    else:
+        result.checks.append(smoke.Check("worker", outcome == "ok" and alive,
+                                         f"head {head}: {outcome or 'no result'}"))
+    result.note = f"worker of the group at {target.group}"
+    return result
 
 
 def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
@@ -161,20 +170,11 @@ def _head_in_run(head: str) -> bool:
 
 def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], had_state: bool) -> None:
     inst = plan.instances[0]
-    result = smoke.SmokeResult(host.name, inst.name, inst.served_name, inst.tensor_parallel, plan.release)
-    did_change = result.changed = changed()
-    group = Target.of(inst).group
-    assert group is not None
-    outcome = wait_for_head(group, lambda: _head_in_run(node.head), plan.ready_timeout_s + 300)
-    active = not _unit_crashed(inst.unit)
-    if outcome is None and not _head_in_run(node.head):
-        # --limit without the head: the group cannot be smoke-tested from here
-        detail = (f"unit {'running' if active else 'FAILED'}; head {node.head} not in this run, "
-                  "not smoke-tested")
-        result.checks.append(smoke.Check("worker", active, detail))
-    else:
-        result.checks.append(smoke.Check("worker", outcome == "ok" and active,
-                                         f"node {node.rank} of {node.cluster}; head {node.head}: {outcome}"))
+    did_change = changed()
+    result = worker_check(Target.of(inst), plan.release, lambda: _head_in_run(node.head),
+                          plan.ready_timeout_s)
+    result.changed = did_change
+    outcome = OUTCOME.get(node.store)
     result.note = f"worker of {node.cluster}, served through {node.head}"
     if result.ok:
         RESULTS.append(result)

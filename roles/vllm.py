@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,6 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
             specs = parse_inventory(
                 (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
             )
-        except SpecError as e:
-            raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
-        try:
             _NODES.update(cluster.resolve(specs, {h.name: h.data.get("ssh_hostname") or h.name
                                                   for h in inventory}))
         except SpecError as e:
@@ -87,22 +85,27 @@ def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
         nv = host.get_fact(NvidiaGpus)
         gpus, driver, problem = tuple(nv["gpus"]), nv["driver"], nv["problem"]
     return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
-                     cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh.get("interfaces", {}),
-                     ip_filtering=vh.get("ip_filtering", True)), vh
+                     cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh["interfaces"],
+                     ip_filtering=vh["ip_filtering"]), vh
 
 
 def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
     spec = inventory_specs()[host.name]
     facts, vh = host_facts(spec)
     try:
-        configs, weights = _model_facts(spec)
-        plan = plan_host(host.name, spec, facts, os.environ, configs, weight_bytes=weights,
-                         node=_NODES.get(host.name))
+        plan = _plan(spec, facts, os.environ)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
     for w in plan.warnings:
         logger.warning(w)
     return plan, vh
+
+
+def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str]) -> HostPlan:
+    """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused."""
+    configs, weights = _model_facts(spec)
+    return plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
+                     node=_NODES.get(host.name))
 
 
 def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
@@ -116,9 +119,7 @@ def plan_without_secrets() -> HostPlan:
     spec = inventory_specs(check_secrets=False)[host.name]
     facts, _ = host_facts(spec)
     try:
-        configs, weights = _model_facts(spec)
-        return plan_host(host.name, spec, facts, placeholder_secrets(spec), configs, weight_bytes=weights,
-                         node=_NODES.get(host.name))
+        return _plan(spec, facts, placeholder_secrets(spec))
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
 
@@ -150,7 +151,7 @@ def deploy_vllm() -> None:
         service.remove(unit)
     did_change = any(changed) or bool(removed) or built is not None
     node = _NODES.get(host.name)
-    verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.cluster)),
+    verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
               had_state=bool(vh["state"]))
 
 
@@ -174,9 +175,7 @@ def plan_report() -> None:
                          driver=str(facts.driver) if facts.driver else "-")
     _ROWS.append(row)
     try:
-        configs, weights = _model_facts(spec)
-        plan = plan_host(host.name, spec, facts, placeholder_secrets(spec), configs, weight_bytes=weights,
-                         node=_NODES.get(host.name))
+        plan = _plan(spec, facts, placeholder_secrets(spec))
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
         return
