@@ -19,12 +19,14 @@ Commands:
     restore current         put the last known good back (automatic rollback of a failed change)
     restore previous        roll back one step; current and previous swap, so a second rollback
                             returns to where the first started (like `cd -`)
-    prune KEEP              drop old releases, never the live one nor those current/previous use
+    prune KEEP              drop old releases, never the live one nor those current/previous use;
+                            then the staged models, stored wheels and uv cache entries nothing uses
     show                    print state.json
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +43,10 @@ UNIT_DIR = ROOT + "/etc/systemd/system"
 RELEASES = ROOT + "/opt/vllm/releases"
 CURRENT = ROOT + "/opt/vllm/current"
 MODELS = ROOT + "/var/lib/vllm/models"
+WHEELS = ROOT + "/var/cache/vllm-fleet/wheels"  # the host's wheel store (roles/install.py)
+UV = "/usr/local/bin/uv"
+UV_CACHE = RELEASES + "/.uv-cache"
+PENDING_S = 86400  # a wheel list sent for a release not built yet protects its wheels this long
 
 
 def _sha(path: str) -> str | None:
@@ -192,18 +198,24 @@ def _models_in(directory: str) -> set[str]:
 
 
 def prune(keep: int) -> dict:
-    """Old releases beyond `keep`, and staged models no config uses; never what current or previous use."""
+    """Old releases beyond `keep`, and staged models no config uses; never what current or previous use.
+
+    Holds the build lock: a release being built is neither counted nor has its wheels removed.
+    """
     state = load()
     protected = {_live_release()} | {(state.get(k) or {}).get("release") for k in ("current", "previous")}
     if not os.path.isdir(RELEASES):
         return {"removed": []}
-    releases = sorted((d for d in os.listdir(RELEASES) if not d.startswith(".")),
-                      key=lambda d: os.stat(os.path.join(RELEASES, d)).st_mtime, reverse=True)
-    removed = []
-    for i, rel in enumerate(releases):
-        if i >= keep and rel not in protected:
-            shutil.rmtree(os.path.join(RELEASES, rel))
-            removed.append(rel)
+    with open(RELEASES + "/.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        releases = sorted((d for d in os.listdir(RELEASES) if not d.startswith(".")),
+                          key=lambda d: os.stat(os.path.join(RELEASES, d)).st_mtime, reverse=True)
+        removed = []
+        for i, rel in enumerate(releases):
+            if i >= keep and rel not in protected:
+                shutil.rmtree(os.path.join(RELEASES, rel))
+                removed.append(rel)
+        wheels = _prune_wheels(removed)
     used = (_models_in(CONFIG_DIR) | _models_in(SNAPSHOTS + "/current") | _models_in(SNAPSHOTS + "/previous"))
     models = []
     if os.path.isdir(MODELS):
@@ -211,7 +223,52 @@ def prune(keep: int) -> dict:
             if name not in used:
                 shutil.rmtree(os.path.join(MODELS, name))
                 models.append(name)
-    return {"removed": removed, "kept": [r for r in releases if r not in removed], "models_removed": models}
+    return {"removed": removed, "kept": [r for r in releases if r not in removed], "models_removed": models,
+            "wheels_removed": wheels}
+
+
+def _lines(path: str) -> set[str]:
+    with open(path) as f:
+        return {line.strip() for line in f if line.strip()}
+
+
+def _prune_wheels(pruned: list[str]) -> list[str]:
+    """Stored wheels that no installed release lists (each keeps its list in `.wheels`), and uv's cache
+    entries for their packages: the store and the cache would otherwise grow by every release's changed
+    packages, forever. A list sent for a release not built yet (under `.releases/`) protects its wheels
+    for a day, so a prune between the upload and the build does not undo the upload."""
+    if not os.path.isdir(WHEELS):
+        return []
+    used: set[str] = set()
+    installed = {d for d in os.listdir(RELEASES) if not d.startswith(".")}
+    for rel in installed:
+        if os.path.exists(os.path.join(RELEASES, rel, ".wheels")):
+            used |= _lines(os.path.join(RELEASES, rel, ".wheels"))
+    meta = WHEELS + "/.releases"
+    for name in sorted(os.listdir(meta)) if os.path.isdir(meta) else []:
+        path, rel = os.path.join(meta, name), name.rsplit(".", 1)[0]
+        if rel in installed:
+            continue
+        if rel not in pruned and time.time() - os.stat(path).st_mtime < PENDING_S:
+            if name.endswith(".wheels"):
+                used |= _lines(path)
+        else:
+            os.remove(path)
+    removed = []
+    for name in sorted(os.listdir(WHEELS)):
+        path = os.path.join(WHEELS, name)
+        if name.endswith(".whl") and name not in used:
+            os.remove(path)
+            removed.append(name)
+        elif name.startswith(".incoming-") and time.time() - os.stat(path).st_mtime >= PENDING_S:
+            os.remove(path)
+    gone = sorted({n.split("-")[0].lower().replace("_", "-") for n in removed})
+    if gone and os.path.isdir(UV_CACHE) and os.access(UV, os.X_OK):
+        # uv cleans a package's every version: installed releases keep their files (hardlinks), a later
+        # release that still uses one of these versions unpacks it again (only packages that changed)
+        subprocess.run([UV, "cache", "clean", "--cache-dir", UV_CACHE, *gone], capture_output=True,
+                       check=False)
+    return removed
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,16 @@
 """The controller's wheel cache: downloaded once per release, reused by every host and every later run.
 
 Hosts behind a firewall (the lab's hosts have no route to any registry) install with `--no-index
---find-links` from a bundle of exactly these wheels, which is also how an air-gapped fleet works. The
-bundle is one uncompressed tar (wheels are already compressed) named by release, so a host that already
-has the release never receives it again.
+--find-links` from wheels the controller sends, which is also how an air-gapped fleet works. Each host
+keeps the wheels it was sent in one store at a fixed path (uv's cache is keyed by a wheel's path, so a
+fixed path is what lets a later release link the unchanged packages instead of unpacking them again),
+and receives only the wheels its store lacks: one uncompressed tar (wheels are already compressed).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -31,13 +33,6 @@ class WheelCacheError(RuntimeError):
 
 def wheel_dir(release: str) -> Path:
     return CACHE_DIR / "wheels" / release
-
-
-def bundle_path(release: str, excludes: Sequence[str] = ()) -> Path:
-    """Named by what it holds (release and excluded distributions), so a changed table never reuses a
-    bundle built for another exclude list."""
-    tag = hashlib.sha256("\n".join(sorted(_norm(e) for e in excludes)).encode()).hexdigest()[:10]
-    return CACHE_DIR / "bundles" / f"{release}-{tag}.tar"
 
 
 def _norm(name: str) -> str:
@@ -90,36 +85,72 @@ def _fetch(release: str, requirements: Sequence[str], index_args: Sequence[str],
     return dest
 
 
-def _dist_name(wheel: Path) -> str:
-    return _norm(wheel.name.split("-")[0])
+def _dist_name(wheel: Path | str) -> str:
+    return _norm(Path(wheel).name.split("-")[0])
 
 
-def bundle(release: str, excludes: Sequence[str] = ()) -> Path:
-    """One tar of the wheels a host installs, without the excluded distributions."""
-    with _LOCKS.setdefault("bundle:" + release, threading.Lock()):
-        return _bundle(release, excludes)
-
-
-def _bundle(release: str, excludes: Sequence[str]) -> Path:
-    out = bundle_path(release, excludes)
-    if out.exists():
-        return out
+def release_wheels(release: str, excludes: Sequence[str] = ()) -> list[Path]:
+    """The wheels a host installs for a release: the controller's download without the excluded ones."""
     src = wheel_dir(release)
     if not (src / ".complete").exists():
         raise WheelCacheError(f"no complete wheel cache for {release} at {src}")
     skip = {_norm(e) for e in excludes}
+    return [w for w in sorted(src.glob("*.whl")) if _dist_name(w) not in skip]
+
+
+def constraints(wheels: Sequence[Path | str]) -> list[str]:
+    """`name==version` for each wheel: pins the host's resolver to exactly what was downloaded for this
+    release, although the host's wheel store also holds other releases' versions."""
+    return [f"{_dist_name(w)}=={Path(w).name.split('-')[1]}" for w in wheels]
+
+
+def parse_store_listing(lines: Sequence[str]) -> dict[str, int]:
+    """`NAME SIZE` lines (find -printf '%f %s') -> {wheel file name: size}."""
+    have = {}
+    for line in lines:
+        name, _, size = line.strip().rpartition(" ")
+        if name.endswith(".whl") and size.isdigit():
+            have[name] = int(size)
+    return have
+
+
+def host_bundle(release: str, excludes: Sequence[str], have: dict[str, int]) -> tuple[Path, list[Path]]:
+    """One tar of what a host lacks for a release: the wheels its store does not hold (a wheel of another
+    size, e.g. cut short by a killed upload, counts as missing), plus the release's wheel list and
+    constraints under `.releases/`. Named by its content, so hosts in the same state share one tar.
+
+    A host that runs 0.31.0 lacks 5 of the 147 wheels of 0.32.0 (0.14 of 0.57 GiB): an upgrade sends
+    those and uv links the rest from its cache.
+    """
+    wanted = release_wheels(release, excludes)
+    missing = [w for w in wanted if have.get(w.name) != w.stat().st_size]
+    names = "\n".join(w.name for w in wanted) + "\n"
+    pins = "\n".join(constraints(wanted)) + "\n"
+    key = hashlib.sha256("\0".join([release, names, *(f"{w.name}:{w.stat().st_size}" for w in missing)])
+                         .encode()).hexdigest()[:12]
+    out = CACHE_DIR / "bundles" / f"{release}-{key}.tar"
+    with _LOCKS.setdefault("bundle:" + out.name, threading.Lock()):
+        if not out.exists():
+            _write_tar(out, missing, {f".releases/{release}.wheels": names,
+                                      f".releases/{release}.constraints": pins})
+    return out, missing
+
+
+def _write_tar(out: Path, wheels: Sequence[Path], extra: dict[str, str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
-        for whl in sorted(src.glob("*.whl")):
-            if _dist_name(whl) in skip:
-                continue
+        for whl in wheels:
             info = tar.gettarinfo(str(whl), arcname=whl.name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
             with open(whl, "rb") as f:
                 tar.addfile(info, f)
+        for name, text in extra.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     partial.rename(out)
-    return out
 
 
 def uv_binary(log=print) -> Path:

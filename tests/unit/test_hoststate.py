@@ -99,7 +99,8 @@ def test_prune_never_removes_current_or_previous(hs):
     os.utime(root / "opt/vllm/releases/0.31.0-cpu", (1, 1))
     out = mod.prune(1)
     assert sorted(out["removed"]) == ["0.29.0-cpu", "0.30.0-cpu"]
-    assert sorted(os.listdir(root / "opt/vllm/releases")) == ["0.31.0-cpu", "0.32.0-cpu"]
+    assert sorted(d for d in os.listdir(root / "opt/vllm/releases") if not d.startswith(".")) == [
+        "0.31.0-cpu", "0.32.0-cpu"]
 
 
 def test_secrets_are_never_copied_into_the_state(hs):
@@ -126,3 +127,31 @@ def test_prune_removes_only_models_no_current_or_previous_config_uses(hs):
     out = mod.prune(3)
     assert out["models_removed"] == ["old"]
     assert sorted(os.listdir(models)) == ["cur", "prev"]
+
+
+def test_prune_drops_stored_wheels_only_no_kept_or_pending_release_lists(hs):
+    mod, root = hs
+    store = root / "var/cache/vllm-fleet/wheels"
+    (store / ".releases").mkdir(parents=True)
+    for w in ("a-1-py3-none-any.whl", "a-2-py3-none-any.whl", "b-1-py3-none-any.whl", "c-1-py3-none-any.whl",
+              "d-1-py3-none-any.whl", "e-1-py3-none-any.whl"):
+        (store / w).write_bytes(b"w")
+    for i, (rel, names) in enumerate([("0.30.0-cpu", "a-1 b-1"), ("0.31.0-cpu", "a-1 c-1"),
+                                      ("0.32.0-cpu", "a-2 c-1")]):
+        deploy(root, rel, f"v: {i}\n")
+        mod.commit(rel)
+        listing = "".join(f"{n}-py3-none-any.whl\n" for n in names.split())
+        (root / "opt/vllm/releases" / rel / ".wheels").write_text(listing)
+        (store / ".releases" / f"{rel}.wheels").write_text(listing)
+        os.utime(root / "opt/vllm/releases" / rel, (1000 + i, 1000 + i))
+    # sent for a release whose build has not run yet: protected; an old list of a release never built: not
+    (store / ".releases/0.33.0-cpu.wheels").write_text("d-1-py3-none-any.whl\n")
+    (store / ".releases/0.29.0-cpu.wheels").write_text("e-1-py3-none-any.whl\n")
+    os.utime(store / ".releases/0.29.0-cpu.wheels", (1, 1))
+    out = mod.prune(2)
+    assert out["removed"] == ["0.30.0-cpu"]
+    assert out["wheels_removed"] == ["b-1-py3-none-any.whl", "e-1-py3-none-any.whl"]
+    assert sorted(p.name for p in store.glob("*.whl")) == [
+        "a-1-py3-none-any.whl", "a-2-py3-none-any.whl", "c-1-py3-none-any.whl", "d-1-py3-none-any.whl"]
+    assert sorted(os.listdir(store / ".releases")) == ["0.31.0-cpu.wheels", "0.32.0-cpu.wheels",
+                                                        "0.33.0-cpu.wheels"]
