@@ -172,9 +172,9 @@ def main() -> int:
           f"LAN to a host with an empty store: {bundle_bytes / gib:.2f} GiB")
     print("  for N hosts: 1 download per release (one lock per release in fleet/wheels.py), each host sent "
           "what its store lacks")
-    verdict = "met" if ratio >= TARGET else "NOT met"
+    # no target: a host with nothing on it builds the whole venv either way; the target is the next one
     print(f"  cold / warm (same release, host from nothing):  {ratio:5.2f} x   "
-          f"(target >= {TARGET:g}: {verdict})")
+          "(the host's whole build in both: no target)")
     if second_took is not None:
         r2 = med["cold"] / second_took
         verdict = "met" if r2 >= TARGET else "NOT met"

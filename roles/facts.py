@@ -1,7 +1,8 @@
 """Read-only facts about a vLLM host, one remote command each.
 
-One combined fact for what every deploy needs (releases, current release, CPU flags, state file)
-keeps a no-change run to a handful of remote commands.
+One combined fact for what every deploy needs (releases, current release, CPU flags, the vllm units
+and their systemd state, the state file) keeps a converged host to two remote commands: this and the
+file manifest.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import shlex
 from pyinfra.api import FactBase
 
 from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR
+
+# what tells whether a unit is enabled, running, and restarted since it was last read
+UNIT_PROPERTIES = ("-p ActiveState -p SubState -p MainPID -p UnitFileState -p ActiveEnterTimestampMonotonic "
+                   "-p NRestarts")
 
 
 def _base_ok(lines: list[str]) -> bool:
@@ -30,6 +35,7 @@ class VllmHost(FactBase):
             "current": "0.32.0-cpu",
             "cpu_flags": ["avx2", "fma", ...],
             "units": ["vllm-default.service"],
+            "unit_states": {"vllm-default.service": {"ActiveState": "active", "MainPID": "1234", ...}},
             "base_ok": True,
             "state": {...} or None,
             "interfaces": {"10.77.1.2": "host0", ...},
@@ -44,6 +50,9 @@ class VllmHost(FactBase):
             f"echo '## base'; id -u vllm >/dev/null 2>&1 && echo user-ok; "
             f"stat -c '%U:%G:%a %n' {' '.join(BASE_DIRS)} 2>/dev/null; "
             "echo '## units'; ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'; "
+            # each unit's state in the same command: a converged host is then one fact and one manifest
+            "for u in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'); do "
+            f"echo \"## unit $u\"; systemctl show \"$u\" {UNIT_PROPERTIES} 2>/dev/null; done; "
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "
             # systemd enforces IPAddressAllow= only on the unified cgroup hierarchy (v2)
@@ -76,29 +85,15 @@ class VllmHost(FactBase):
             "current": current.rsplit("/", 1)[-1] if current else None,
             "cpu_flags": " ".join(sections.get("cpu", [])).split(),
             "units": sorted(u.strip() for u in sections.get("units", []) if u.strip()),
+            # a unit with no file yet is absent: the caller's .get(unit, {}) reads as not enabled, not active
+            "unit_states": {key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
+                            for key, lines in sections.items() if key.startswith("unit ")},
             # True when the vllm user and every base directory are as wanted (nothing to do)
             "base_ok": _base_ok(sections.get("base", [])),
             "state": state,
             "interfaces": interfaces,
             "ip_filtering": bool(sections.get("cgroup2")),
         }
-
-
-class UnitState(FactBase):
-    """
-    Returns the systemd properties that tell whether a unit restarted:
-
-    .. code:: python
-
-        {"ActiveState": "active", "MainPID": "1234", "ActiveEnterTimestampMonotonic": "123"}
-    """
-
-    def command(self, unit: str) -> str:
-        return (f"systemctl show {unit} -p ActiveState -p SubState -p MainPID -p UnitFileState "
-                "-p ActiveEnterTimestampMonotonic -p NRestarts 2>/dev/null || true")
-
-    def process(self, output):
-        return dict(line.split("=", 1) for line in output if "=" in line)
 
 
 _MODEL_INFO_PY = r"""

@@ -131,8 +131,10 @@ def send_wheels(plan: HostPlan) -> None:
     if not ok:
         raise wheels.WheelCacheError(f"unpacking {incoming} failed: {out.stderr}")
     wanted = len(wheels.release_wheels(plan.release, build.remove_after_install))
+    kept = wanted - len(missing)
     logger.info(f"[{host.name}] wheels for {plan.release}: sent {len(missing)} of {wanted} "
-                f"({sum(w.stat().st_size for w in missing) / 2**20:.0f} MiB), the rest already on the host")
+                f"({sum(w.stat().st_size for w in missing) / 2**20:.0f} MiB)"
+                + (f", {kept} already on the host" if kept else ""))
 
 
 def release(plan: HostPlan, installed: list[str]):

@@ -195,8 +195,6 @@ def smoke_only() -> None:
     import atexit
     import hashlib
 
-    from roles.facts import UnitState
-
     if not _AT_EXIT:  # before any fact I/O: pyinfra collects hosts concurrently
         _AT_EXIT.append("status")
         atexit.register(_print_status)
@@ -204,7 +202,7 @@ def smoke_only() -> None:
     current = (vh["state"] or {}).get("current") or {}
     config_hash = hashlib.sha256(json.dumps(current.get("files", {}), sort_keys=True).encode()).hexdigest()
     for inst in plan.instances:
-        unit = host.get_fact(UnitState, unit=inst.unit)
+        unit = vh["unit_states"].get(inst.unit, {})
         service = f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}"
         _STATUS.append((host.name, inst.name, vh["current"] or "-", current.get("release") or "-",
                         config_hash[:12] if current else "-", current.get("at", "-"), service,
