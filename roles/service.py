@@ -9,7 +9,6 @@ from pyinfra.operations import files, server, systemd
 
 from fleet import render
 from fleet.plan import HostPlan, InstancePlan
-from roles.facts import VllmHost
 from roles.ops import Secret, stale, synced_files
 
 STAGED = "/var/lib/vllm-fleet/staged"
@@ -47,11 +46,13 @@ def remove(unit: str) -> list:
     return ops
 
 
-def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool) -> bool:
+def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool,
+              state: dict[str, str]) -> bool:
     """Write the live files; daemon-reload, enable and restart only as needed. True when it restarts.
 
     Every decision is made here, at collection time, from two facts (a manifest of the files and the
-    host fact, which carries each unit's state), so a converged host costs two remote commands.
+    unit's `state`, from the host fact the caller read: pyinfra 3 does not cache facts, so a second
+    get_fact would be a second remote command), so a converged host costs two remote commands.
     """
     config = [(render.serve_config(plan, inst).encode(), inst.config_path)]
     env = [(Secret(render.env_file(inst, os.environ)), inst.env_path)]
@@ -67,7 +68,6 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     if stale_unit:
         synced_files(name=f"unit {inst.unit}", files=unit, paths=paths)
         server.shell(name="systemd daemon-reload", commands=["systemctl daemon-reload"])
-    state = host.get_fact(VllmHost)["unit_states"].get(inst.unit, {})
     if state.get("UnitFileState") != "enabled":
         server.shell(name=f"enable {inst.unit}", commands=[f"systemctl enable {inst.unit}"])
     changed = stale_config or stale_env or stale_unit or release_or_model_changed

@@ -143,7 +143,8 @@ def deploy_vllm() -> None:
         if service.stage_config(plan, inst, release_changing):
             install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml")
     install.switch(plan, vh["current"])
-    changed = [service.configure(plan, inst, release_changing or model_changed[inst.name])
+    changed = [service.configure(plan, inst, release_changing or model_changed[inst.name],
+                                 vh["unit_states"].get(inst.unit, {}))
                for inst in plan.instances]
     wanted = {inst.unit for inst in plan.instances}
     removed = [unit for unit in vh["units"] if unit not in wanted]
