@@ -48,14 +48,17 @@ def forward(host, remote_host: str, remote_port: int) -> Iterator[str]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     stop = threading.Event()
+    # wakes the accept loop at exit: polling with a timeout instead cost every smoke test that timeout
+    wake_r, wake_w = socket.socketpair()
 
     def accept() -> None:
         while not stop.is_set():
-            r, _, _ = select.select([listener], [], [], 0.2)
-            if not r:
+            r, _, _ = select.select([listener, wake_r], [], [], 5.0)
+            if listener not in r:
                 continue
             try:
                 conn, peer = listener.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 chan = transport.open_channel("direct-tcpip", (target, remote_port), peer)
             except Exception:  # the far side refused: let the client see a closed connection
                 with contextlib.suppress(Exception):
@@ -69,5 +72,7 @@ def forward(host, remote_host: str, remote_port: int) -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         stop.set()
+        wake_w.send(b"x")
         t.join(timeout=2)
-        listener.close()
+        for sock in (listener, wake_r, wake_w):
+            sock.close()
