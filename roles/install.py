@@ -16,7 +16,7 @@ from pyinfra.operations import python, server
 from fleet import wheels
 from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, STATE_DIR, HostPlan
 from fleet.variants import install_command
-from roles.ops import synced_files
+from roles.ops import stale, synced_files
 
 # One store of wheels per host, kept between releases at a fixed path (see fleet/wheels.py), and uv's
 # cache beside the releases: same file system, so uv hardlinks instead of copying.
@@ -29,7 +29,7 @@ HOST_PYTHON = "/usr/bin/python3"
 
 def base(base_ok: bool) -> None:
     """The vllm user, directories and uv every vLLM host needs, in one idempotent command, emitted only
-    when the VllmHost fact says something is missing (no extra remote commands on a converged host)."""
+    when the VllmHost fact or the manifest says something is missing (no operation on a converged host)."""
     if not base_ok:
         dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
                            for path, own in BASE_DIRS.items())
@@ -39,7 +39,11 @@ def base(base_ok: bool) -> None:
             "--no-create-home --shell /usr/sbin/nologin vllm",
             dirs,
         ])
-    synced_files(name="uv and the host tools", mode="755", files=tool_files())
+    tools = tool_files()
+    # decided here, not inside the operation: pyinfra pays ~40 ms per operation call (it reads the call
+    # stack to order operations), so a converged host should call none it does not need
+    if stale(tools, "root", "root", "755"):
+        synced_files(name="uv and the host tools", mode="755", files=tools)
 
 
 def tool_files() -> list[tuple[str, str]]:
