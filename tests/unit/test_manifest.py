@@ -57,3 +57,48 @@ def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path: Path
 def test_fact_command_is_one_python3_call_over_every_path() -> None:
     cmd = Manifest().command(("/etc/vllm/default.yaml", "/etc/vllm/default.env"))
     assert cmd.startswith("python3 -c ") and cmd.endswith("/etc/vllm/default.yaml /etc/vllm/default.env")
+
+
+def _fresh_controller_cache(monkeypatch, path: Path) -> None:
+    import roles.ops as ops
+
+    monkeypatch.setattr(ops, "LOCAL_SUMS", path)
+    monkeypatch.setattr(ops, "_LOCAL_SUMS", {})
+    monkeypatch.setattr(ops, "_LOADED", [])
+    monkeypatch.setattr(ops, "_FRESH", {})
+
+
+def test_the_controller_hashes_a_file_once_across_runs_and_again_when_it_changes(tmp_path, monkeypatch):
+    from roles.ops import sha256
+
+    sums, f = tmp_path / "sums.json", tmp_path / "uv"
+    f.write_bytes(b"uv 0.9")
+    aged(f)
+    _fresh_controller_cache(monkeypatch, sums)
+    assert sha256(str(f)) == hashlib.sha256(b"uv 0.9").hexdigest()
+    assert str(f) in json.loads(sums.read_text())
+    # a later run reads the stored sum: prove it by storing a wrong one under the file's real stat
+    stored = json.loads(sums.read_text())
+    stored[str(f)][4] = "0" * 64
+    sums.write_text(json.dumps(stored))
+    _fresh_controller_cache(monkeypatch, sums)
+    assert sha256(str(f)) == "0" * 64
+    # same size, mtime put back: the ctime moved, so it is hashed again
+    st = os.stat(f)
+    f.write_bytes(b"uv 1.0")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _fresh_controller_cache(monkeypatch, sums)
+    assert sha256(str(f)) == hashlib.sha256(b"uv 1.0").hexdigest()
+
+
+def test_a_file_written_just_now_is_not_stored_and_an_unwritable_cache_still_hashes(tmp_path, monkeypatch):
+    from roles.ops import sha256
+
+    f = tmp_path / "hoststate.py"
+    f.write_bytes(b"print(1)")
+    _fresh_controller_cache(monkeypatch, tmp_path / "sums.json")
+    assert sha256(str(f)) == hashlib.sha256(b"print(1)").hexdigest()
+    assert not (tmp_path / "sums.json").exists()
+    aged(f)
+    _fresh_controller_cache(monkeypatch, tmp_path / "no-such-dir" / "sums.json")
+    assert sha256(str(f)) == hashlib.sha256(b"print(1)").hexdigest()
