@@ -62,7 +62,10 @@ def main() -> int:
     floor = rows[f"deploy, {n} hosts"] / rows[f"bare fact, {n} hosts"]
     print(f"\n  {n} hosts / 1 host:            {scale:5.2f} x   (target <= 1.2)")
     print(f"  deploy / bare one-fact deploy: {floor:5.2f} x   (target <= 2.0)")
-    print(f"  remote commands per host:      {len(commands):5d}     (target <= 15)")
+    print(f"  remote commands per host:      {len(commands):5d}     (target <= 15):")
+    for line in commands:
+        cmd = line.split(" >>> ", 1)[1].replace("'\"'\"'", "'")
+        print(f"    {cmd[:110]}{' ...' if len(cmd) > 110 else ''}")
     return 0
 
 
