@@ -49,8 +49,8 @@ class VllmHost(FactBase):
             "echo '## cpu'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2; "
             f"echo '## base'; id -u vllm >/dev/null 2>&1 && echo user-ok; "
             f"stat -c '%U:%G:%a %n' {' '.join(BASE_DIRS)} 2>/dev/null; "
-            "echo '## units'; ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'; "
-            # each unit's state in the same command: a converged host is then one fact and one manifest
+            # every vllm unit with its state, in the same command: a converged host is then one fact
+            # and one manifest
             "for u in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'); do "
             f"echo \"## unit $u\"; systemctl show \"$u\" {UNIT_PROPERTIES} 2>/dev/null; done; "
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
@@ -68,6 +68,8 @@ class VllmHost(FactBase):
                 sections[key] = []
             elif key is not None:
                 sections[key].append(line)
+        units = {key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
+                 for key, lines in sections.items() if key.startswith("unit ")}
         current = "".join(sections.get("current", [])).strip()
         state_text = "\n".join(sections.get("state", [])).strip()
         interfaces = {}
@@ -84,10 +86,9 @@ class VllmHost(FactBase):
             "releases": sorted(r.strip() for r in sections.get("releases", []) if r.strip()),
             "current": current.rsplit("/", 1)[-1] if current else None,
             "cpu_flags": " ".join(sections.get("cpu", [])).split(),
-            "units": sorted(u.strip() for u in sections.get("units", []) if u.strip()),
+            "units": sorted(units),
             # a unit with no file yet is absent: the caller's .get(unit, {}) reads as not enabled, not active
-            "unit_states": {key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
-                            for key, lines in sections.items() if key.startswith("unit ")},
+            "unit_states": units,
             # True when the vllm user and every base directory are as wanted (nothing to do)
             "base_ok": _base_ok(sections.get("base", [])),
             "state": state,

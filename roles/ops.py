@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -141,18 +142,16 @@ def stale(files: list[tuple[str | bytes | Secret, str]], user: str, group: str, 
 # The controller's side of the same idea: its files (uv, 38 MB; a model's weights) are hashed once, not
 # on every run (28 ms of a 1.0 s no-op deploy for uv alone), keyed like the hosts' cache above.
 LOCAL_SUMS = CACHE_DIR / "sums.json"
-_LOCAL_SUMS: dict[str, list] = {}
-_LOADED: list[bool] = []
 _FRESH: dict[str, list] = {}
 
 
+@functools.cache
 def _local_sums() -> dict[str, list]:
-    if not _LOADED:
-        _LOADED.append(True)
-        with contextlib.suppress(OSError, ValueError):
-            found = json.loads(LOCAL_SUMS.read_text())
-            _LOCAL_SUMS.update({k: v for k, v in found.items() if isinstance(v, list) and len(v) == 5})
-    return _LOCAL_SUMS
+    """Read once per run; sha256() adds to the same dict and writes it back."""
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads(LOCAL_SUMS.read_text())
+        return {k: v for k, v in found.items() if isinstance(v, list) and len(v) == 5}
+    return {}
 
 
 def sha256(src: str | bytes | Secret) -> str:

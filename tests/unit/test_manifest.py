@@ -3,6 +3,7 @@ a file whose stat is unchanged is not read again, a changed one always is."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -63,9 +64,9 @@ def _fresh_controller_cache(monkeypatch, path: Path) -> None:
     import roles.ops as ops
 
     monkeypatch.setattr(ops, "LOCAL_SUMS", path)
-    monkeypatch.setattr(ops, "_LOCAL_SUMS", {})
-    monkeypatch.setattr(ops, "_LOADED", [])
     monkeypatch.setattr(ops, "_FRESH", {})
+    # a new run reads the file again; this test's cache goes away with the test
+    monkeypatch.setattr(ops, "_local_sums", functools.cache(ops._local_sums.__wrapped__))
 
 
 def test_the_controller_hashes_a_file_once_across_runs_and_again_when_it_changes(tmp_path, monkeypatch):

@@ -20,9 +20,6 @@ root:root:755 /etc/vllm
 vllm:vllm:750 /var/lib/vllm
 vllm:vllm:750 /var/lib/vllm/models
 root:root:700 /var/lib/vllm-fleet
-## units
-vllm-chat.service
-vllm-default.service
 ## unit vllm-chat.service
 MainPID=0
 NRestarts=0
