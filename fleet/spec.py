@@ -233,8 +233,11 @@ def _message(err: Mapping[str, Any]) -> str:
 def parse_host(host_name: str, data: Mapping[str, Any] | None,
                defaults: Mapping[str, Any] | None = None) -> HostSpec:
     """Validate one host's data; raise SpecError with 'host: vllm.field.path: what is wrong' lines."""
+    if data is None:
+        raise SpecError([f"{host_name}: vllm: missing (not a vLLM host: parse_inventory leaves it out)"])
     if not data:
-        raise SpecError([f"{host_name}: vllm: missing (every host in a vLLM inventory needs a vllm dict)"])
+        raise SpecError([f"{host_name}: vllm: empty (a vLLM host needs at least a model; a host that is not "
+                         "a vLLM host has no vllm key at all)"])
     merged = deep_merge(defaults or {}, data)
     allowed = list(HostSpec.model_fields) + list(InstanceSpec.model_fields)
     for key in merged:
@@ -270,12 +273,22 @@ def parse_host(host_name: str, data: Mapping[str, Any] | None,
         raise SpecError(problems) from None
 
 
+def is_vllm_host(data: Mapping[str, Any] | None) -> bool:
+    """The rule for mixed inventories: a host is a vLLM host when it has `vllm` data of its own or from
+    a group; fleet-wide `vllm_defaults` alone do not make one. Every other host (a database, a load
+    balancer) is left alone by the vLLM deploys, which say how many they skipped."""
+    return data is not None
+
+
 def parse_inventory(hosts: Iterable[tuple[str, Mapping[str, Any] | None, Mapping[str, Any] | None]]
                     ) -> dict[str, HostSpec]:
-    """Validate every host before any is touched; report all problems at once."""
+    """Validate every vLLM host before any is touched; report all problems at once. Hosts that are not
+    vLLM hosts (is_vllm_host) are not in the result."""
     specs: dict[str, HostSpec] = {}
     problems: list[str] = []
     for name, data, defaults in hosts:
+        if not is_vllm_host(data):
+            continue
         try:
             specs[name] = parse_host(name, data, defaults)
         except SpecError as e:

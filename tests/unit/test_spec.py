@@ -9,7 +9,7 @@ import traceback
 import pytest
 from bad_inventories import ACCEPTED_BUT_BAD, BAD_HOSTS, M
 
-from fleet.spec import HostSpec, SpecError, deep_merge, parse_host, parse_inventory
+from fleet.spec import HostSpec, SpecError, deep_merge, is_vllm_host, parse_host, parse_inventory
 
 HOST = "gpu-07"
 
@@ -97,9 +97,16 @@ def test_refusals_never_echo_the_secret_value(where: str, secret: str) -> None:
         assert secret not in shown
 
 
-@pytest.mark.parametrize("data", [None, {}])
-def test_missing_vllm_data_refused(data: dict | None) -> None:
-    assert problems_of(data) == [f"{HOST}: vllm: missing (every host in a vLLM inventory needs a vllm dict)"]
+def test_empty_vllm_data_refused() -> None:
+    assert problems_of({}) == [f"{HOST}: vllm: empty (a vLLM host needs at least a model; a host that is "
+                               "not a vLLM host has no vllm key at all)"]
+
+
+def test_hosts_without_vllm_data_are_left_out_not_refused() -> None:
+    specs = parse_inventory([("gpu-01", {"model": M}, None), ("db-01", None, {"version": "0.32.0"}),
+                             ("lb-01", None, None)])
+    assert list(specs) == ["gpu-01"]
+    assert not is_vllm_host(None) and is_vllm_host({"model": M})
 
 
 def test_several_hosts_reported_at_once() -> None:
@@ -109,13 +116,14 @@ def test_several_hosts_reported_at_once() -> None:
             ("gpu-01", {"model": M, "flags": {"max_num_seq": 1}}, None),
             ("gpu-02", good, None),
             ("gpu-03", {"model": M, "accelerator": "tpu"}, None),
-            ("gpu-04", None, None),
+            ("gpu-04", {}, None),
+            ("db-01", None, None),
         ])
     lines = e.value.problems
     assert len(lines) == 3
     assert lines[0].startswith("gpu-01: vllm.instances[0].flags.max_num_seq: ")
     assert lines[1].startswith("gpu-03: vllm.accelerator: ")
-    assert lines[2].startswith("gpu-04: vllm: missing")
+    assert lines[2].startswith("gpu-04: vllm: empty")
     assert not any(line.startswith("gpu-02") for line in lines)
 
 
