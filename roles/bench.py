@@ -23,7 +23,8 @@ from pyinfra.operations import python
 
 from fleet import benchmark
 from fleet.plan import STATE_DIR, HostPlan, InstancePlan
-from roles.vllm import Refused, plan_without_secrets
+from roles import remote
+from roles.vllm import Refused, plan_without_secrets, this_host
 
 _ROWS: list[tuple[str, ...]] = []
 _NOTES: list[str] = []
@@ -92,7 +93,7 @@ def _address(inst: InstancePlan) -> str:
 
 
 def _main_pid(unit: str) -> str:
-    ok, out = host.run_shell_command(f"systemctl show -p MainPID --value {unit}")
+    ok, out = remote.run(f"systemctl show -p MainPID --value {unit}")
     return out.stdout.strip() if ok else "?"
 
 
@@ -103,7 +104,7 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
                           "benched through its head")
             continue
         pid_before = _main_pid(inst.unit)
-        ok, out = host.run_shell_command(client_command(plan, inst, inst.port, s, _address(inst)) + " 2>&1")
+        ok, out = remote.run(client_command(plan, inst, inst.port, s, _address(inst)) + " 2>&1")
         try:
             result = benchmark.parse(out.output)
             note = "" if result.ok else "requests failed"
@@ -122,7 +123,7 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
             trials = []
         outcomes = []
         for trial in trials:
-            _, out = host.run_shell_command(trial_script(plan, inst, trial, s.trial_port + n, s))
+            _, out = remote.run(trial_script(plan, inst, trial, s.trial_port + n, s))
             parts = _sections(out.output)
             if "bench" not in parts:
                 err = "did not start" if "died" in parts else "not ready in time"
@@ -165,7 +166,10 @@ def _report() -> None:
 
 def bench() -> None:
     """Collect-time: plan and settings (a bad setting stops before any host is benched)."""
-    plan = plan_without_secrets()
+    spec = this_host(check_secrets=False)
+    if spec is None:
+        return
+    plan = plan_without_secrets(spec)
     try:
         s = benchmark.settings(host.data.get("vllm_bench"), os.environ)
     except benchmark.BenchError as e:

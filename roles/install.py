@@ -16,6 +16,7 @@ from pyinfra.operations import python, server
 from fleet import wheels
 from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, STATE_DIR, HostPlan
 from fleet.variants import install_command
+from roles import remote
 from roles.ops import stale, synced_files
 
 # One store of wheels per host, kept between releases at a fixed path (see fleet/wheels.py), and uv's
@@ -122,16 +123,22 @@ def send_wheels(plan: HostPlan) -> None:
     build = plan.install_spec.build
     fill_cache(plan)
     listing = f"find {HOST_WHEELS} -maxdepth 1 -name '*.whl' -printf '%f %s\\n'"
-    ok, out = host.run_shell_command(f"mkdir -p {HOST_WHEELS}/.releases && {listing}")
+    ok, out = remote.run(f"mkdir -p {HOST_WHEELS}/.releases && {listing}")
     if not ok:
         raise wheels.WheelCacheError(f"cannot list {HOST_WHEELS}: {out.stderr}")
     tar, missing = wheels.host_bundle(plan.release, build.remove_after_install,
                                       wheels.parse_store_listing(out.stdout_lines))
-    incoming = f"{HOST_WHEELS}/.incoming-{tar.name}"
-    if not host.put_file(str(tar), incoming):
+    # a non-root login sends it into its own 0700 upload directory and root unpacks it from there: no
+    # copy of the tar into place first (pyinfra's sudo upload would copy it, 0.57 GiB for a first host)
+    drop = remote.upload_dir()
+    incoming = f"{drop or HOST_WHEELS}/.incoming-{tar.name}"
+    if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
+        raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
+    if not host.put_file(str(tar), incoming, _sudo=False):
         raise wheels.WheelCacheError(f"upload of {tar} to {incoming} failed")
     # -m: files dated now, so a wheel list sent for a build not yet run counts as pending in a prune
-    ok, out = host.run_shell_command(f"tar -C {HOST_WHEELS} -m -xf {incoming} && rm -f {incoming}")
+    ok, out = remote.run(f"tar -C {HOST_WHEELS} -m --no-same-owner -xf {shlex.quote(incoming)} && "
+                         f"rm -f {shlex.quote(incoming)}")
     if not ok:
         raise wheels.WheelCacheError(f"unpacking {incoming} failed: {out.stderr}")
     wanted = len(wheels.release_wheels(plan.release, build.remove_after_install))

@@ -15,6 +15,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, operation
 
 from fleet.lab import CACHE_DIR
+from roles import remote
 
 
 class Secret:
@@ -197,9 +198,11 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
     Make each dest hold its content (a controller path, bytes, or a Secret) with owner and mode:
     one remote command compares them all, instead of two or three per file with ``files.put``.
 
-    Uploads go into a root-only 0700 staging directory, get owner and mode there, then are renamed
-    into place: no reader ever sees a half-written file or a secret with the wrong mode, and unlike
-    ``files.put`` nothing of the content is printed (``--diff``).
+    Files get owner and mode in a root-only 0700 staging directory, then are renamed into place: no
+    reader ever sees a half-written file or a secret with the wrong mode, and unlike ``files.put``
+    nothing of the content is printed (``--diff``). A root login uploads straight into the staging
+    directory; any other login (SFTP writes as the login, never through sudo) uploads into its own
+    0700 directory (roles/remote.py), from which root moves the file into staging.
 
     **Example:**
 
@@ -211,12 +214,22 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
     if not todo:
         host.noop(f"{len(files)} files up to date")
         return
+    drop = remote.upload_dir()
     dirs = sorted({dest.rsplit("/", 1)[0] for _, dest in todo})
     yield f"install -d -m 0700 -o root -g root {staging_dir} && mkdir -p {' '.join(map(shlex.quote, dirs))}"
+    if drop:
+        yield remote.make_upload_dir(drop)
     for i, (src, dest) in enumerate(todo):
-        staged = f"{staging_dir}/{i}.{dest.rsplit('/', 1)[-1]}"
+        name = f"{i}.{dest.rsplit('/', 1)[-1]}"
+        staged = shlex.quote(f"{staging_dir}/{name}")
         payload = src if isinstance(src, str) else BytesIO(_bytes(src))
-        yield FileUploadCommand(payload, staged, remote_temp_filename=f"{staged}.part")
-        yield (f"chown {user}:{group} {shlex.quote(staged)} && chmod {mode} {shlex.quote(staged)} && "
-               f"mv -f {shlex.quote(staged)} {shlex.quote(dest)}")
-
+        if drop:
+            sent = f"{drop}/{name}"
+            yield FileUploadCommand(payload, sent, _sudo=False)
+            into_staging = f"mv -f {shlex.quote(sent)} {staged} && "
+        else:
+            yield FileUploadCommand(payload, f"{staging_dir}/{name}",
+                                    remote_temp_filename=f"{staging_dir}/{name}.part")
+            into_staging = ""
+        yield (f"{into_staging}chown {user}:{group} {staged} && chmod {mode} {staged} && "
+               f"mv -f {staged} {shlex.quote(dest)}")

@@ -12,7 +12,7 @@ from pyinfra.operations import python
 
 from roles import smoke
 from roles.facts import VllmHost
-from roles.vllm import Refused, plan_this_host
+from roles.vllm import Refused, plan_this_host, this_host
 
 
 def _rollback(plan) -> None:
@@ -26,10 +26,13 @@ def _rollback(plan) -> None:
 
 
 def rollback() -> None:
+    spec = this_host()
+    if spec is None:
+        return
     state = host.get_fact(VllmHost)["state"] or {}
     if not state.get("previous"):
         raise Refused(f"{host.name}: nothing to roll back to: no previous deploy is recorded on this host "
                       "(nothing was changed on any host)")
-    plan, _ = plan_this_host()
+    plan, _ = plan_this_host(spec)
     smoke.register_report()
     python.call(name=f"roll back to {state['previous'].get('release')}", function=_rollback, plan=plan)

@@ -24,6 +24,7 @@ from pyinfra.operations import python
 from fleet import smoke
 from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HostPlan, InstancePlan
+from roles import remote
 from roles.tunnel import forward
 
 HOSTSTATE = "python3 /usr/local/lib/vllm-fleet/hoststate.py"
@@ -61,10 +62,16 @@ class Target:
                    headless=bool(node and not node.is_head))
 
 
-def run(command: str) -> tuple[bool, str]:
-    """A read or repair command on the host, outside pyinfra's operation log; stdout and stderr."""
-    status, out = host.run_shell_command(command)
-    return status, out.output
+run = remote.run_text
+
+
+def commit(plan: HostPlan) -> None:
+    """Record the smoke-tested state as last known good. A commit that fails fails the host: the next
+    failed change would otherwise roll back to an older state than the one serving now."""
+    ok, out = run(f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}")
+    if not ok:
+        raise SmokeFailed(f"{host.name}: serving, but recording it as the last known good state failed "
+                          f"(hoststate commit/prune): {out.strip()[-400:] or 'no output'}")
 
 
 def journal(unit: str, lines: int = 25) -> str:
@@ -179,7 +186,7 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
     if result.ok:
         RESULTS.append(result)
         if did_change or not had_state:
-            run(f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}")
+            commit(plan)
         return
     if outcome == "rollback" and did_change:
         ok, out = run(f"{HOSTSTATE} restore current")
@@ -198,7 +205,7 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
     if not failed:
         RESULTS.extend(results)
         if did_change or not had_state:
-            run(f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}")
+            commit(plan)
         return
     reason = "; ".join(f"{r.instance}: {r.failures()}" for r in failed)
     tail = "\n".join(f"--- journal of vllm-{r.instance}.service:\n{journal(f'vllm-{r.instance}.service')}"

@@ -20,9 +20,9 @@ from pyinfra.api.exceptions import PyinfraError
 from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
-from fleet.spec import HostSpec, SpecError, parse_inventory
+from fleet.spec import HostSpec, SpecError, is_vllm_host, parse_inventory
 from fleet.tables import columns
-from roles import install, model, service
+from roles import install, model, remote, service
 from roles.facts import HostModel, VllmHost
 from roles.ops import prefetch
 from roles.smoke import verify_op
@@ -47,6 +47,10 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
                                                   for h in inventory}))
         except SpecError as e:
             raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+        skipped = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
+        if skipped:
+            logger.info(f"vllm-fleet: skipped {len(skipped)} host(s) without vllm data, left untouched: "
+                        + ", ".join(skipped))
         missing = [p for name, spec in specs.items() for inst in spec.instances
                    for p in missing_secrets(name, inst, os.environ)]
         if missing and check_secrets:
@@ -89,8 +93,24 @@ def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
                      ip_filtering=vh["ip_filtering"]), vh
 
 
-def plan_this_host() -> tuple[HostPlan, dict[str, Any]]:
-    spec = inventory_specs()[host.name]
+def this_host(check_secrets: bool = True) -> HostSpec | None:
+    """This host's spec, its login checked (before any command as root); None for a host that is not
+    a vLLM host, which every vLLM deploy then leaves alone."""
+    spec = inventory_specs(check_secrets).get(host.name)
+    if spec is not None:
+        remote.check_login()
+    return spec
+
+
+def _required(spec: HostSpec | None, check_secrets: bool) -> HostSpec:
+    spec = spec or this_host(check_secrets)
+    if spec is None:
+        raise Refused(f"{host.name}: not a vLLM host (no vllm data)")
+    return spec
+
+
+def plan_this_host(spec: HostSpec | None = None) -> tuple[HostPlan, dict[str, Any]]:
+    spec = _required(spec, True)
     facts, vh = host_facts(spec)
     try:
         plan = _plan(spec, facts, os.environ)
@@ -114,9 +134,9 @@ def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
             **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
 
 
-def plan_without_secrets() -> HostPlan:
+def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
     """The deploy's own plan for this host, for read-only work that needs no key on the controller."""
-    spec = inventory_specs(check_secrets=False)[host.name]
+    spec = _required(spec, False)
     facts, _ = host_facts(spec)
     try:
         return _plan(spec, facts, placeholder_secrets(spec))
@@ -130,7 +150,10 @@ def deploy_vllm() -> None:
     What changes is decided here at collection time from the facts, so the plan pyinfra shows is what
     runs, and a converged host costs a handful of remote commands.
     """
-    plan, vh = plan_this_host()
+    spec = this_host()
+    if spec is None:
+        return
+    plan, vh = plan_this_host(spec)
     prefetch([tuple(d for _, d in install.tool_files()),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
@@ -170,7 +193,9 @@ def plan_report() -> None:
     if not _AT_EXIT:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
         _AT_EXIT.append("plan")
         atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))))
-    spec = inventory_specs(check_secrets=False)[host.name]
+    spec = this_host(check_secrets=False)
+    if spec is None:
+        return
     facts, vh = host_facts(spec)
     row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
                          driver=str(facts.driver) if facts.driver else "-")
@@ -199,7 +224,10 @@ def smoke_only() -> None:
     if not _AT_EXIT:  # before any fact I/O: pyinfra collects hosts concurrently
         _AT_EXIT.append("status")
         atexit.register(_print_status)
-    plan, vh = plan_this_host()
+    spec = this_host()
+    if spec is None:
+        return
+    plan, vh = plan_this_host(spec)
     current = (vh["state"] or {}).get("current") or {}
     config_hash = hashlib.sha256(json.dumps(current.get("files", {}), sort_keys=True).encode()).hexdigest()
     for inst in plan.instances:

@@ -1,0 +1,160 @@
+"""How the toolkit reaches a host's root: the login, sudo, and uploads that a non-root login can make.
+
+Real fleets log in as a user with sudo (`ssh_user: deploy`, `_sudo: True`). pyinfra applies the host's
+sudo settings to operations and facts, but not to commands run from a callback with
+`host.run_shell_command`, and SFTP always writes as the login user. So every direct command goes
+through `run()` (the host's own connector arguments, resolved the way pyinfra resolves an operation's),
+and every upload of a non-root login lands first in a directory only that login can enter, then is
+moved into place as root. A root login keeps the direct path.
+
+`check_login()` runs first on every vLLM host, *without* sudo: a login whose sudo needs a password (or
+that has no sudo rights, or is not root and has no `_sudo`) is refused before any command runs as root,
+naming the host and the sudoers line it lacks. Passwordless sudo is required, not merely preferred:
+pyinfra hands a sudo password to every command as an environment assignment in the argv of `env`,
+readable with `ps` by every user of the host, the `vllm` user included; and rollouts run unattended.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra import host, state
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+from pyinfra.api.exceptions import PyinfraError
+
+# What the docs tell an operator to install on each host for the login (docs/operations.md).
+SUDOERS_FILE = "/etc/sudoers.d/vllm-fleet"
+# Uploads of a non-root login, under its own home: 0700, so no other user (vllm included) ever sees a
+# file in transit; pyinfra's default temp dir (/tmp) would hold an env file world-readable meanwhile.
+UPLOAD_SUBDIR = ".cache/vllm-fleet/upload"
+
+
+def sudoers_line(user: str) -> str:
+    return f"{user} ALL=(root) NOPASSWD: ALL"
+
+
+class LoginRefused(PyinfraError):
+    """The login cannot become root without a person typing a password: nothing was run as root."""
+
+
+class LoginAccess(FactBase):
+    """
+    Returns who the login is and whether it can become root without a password, read *without* sudo
+    (pyinfra would otherwise prompt for a password at the first sudo command):
+
+    .. code:: python
+
+        {"user": "deploy", "uid": 1000, "home": "/home/deploy", "sudo": "ok", "sudo_says": ""}
+    """
+
+    def command(self) -> str:
+        return ("echo \"user $(id -un)\"; echo \"uid $(id -u)\"; echo \"home $HOME\"; "
+                "if [ \"$(id -u)\" = 0 ]; then echo 'sudo root'; "
+                "elif ! command -v sudo >/dev/null 2>&1; then echo 'sudo absent'; "
+                # exactly the shape pyinfra runs (sudo -H -n sh -c ...), so a sudoers rule that allows
+                # only some commands is caught here too
+                "elif out=$(sudo -H -n sh -c 'id -u' 2>&1); then echo \"sudo ok $out\"; "
+                "else echo \"sudo no $out\" | head -n 1; fi")
+
+    def process(self, output):
+        found: dict[str, Any] = {"user": "?", "uid": -1, "home": "", "sudo": "no", "sudo_says": ""}
+        for line in output:
+            key, _, value = line.partition(" ")
+            if key == "uid":
+                found["uid"] = int(value) if value.strip().isdigit() else -1
+            elif key == "sudo":
+                word, _, rest = value.partition(" ")
+                found["sudo"], found["sudo_says"] = word, rest.strip()
+            elif key in ("user", "home"):
+                found[key] = value.strip()
+        if found["sudo"] == "ok" and found["sudo_says"] != "0":  # sudo ran, but not as root
+            found["sudo"] = "no"
+        return found
+
+
+_LOGINS: dict[str, dict[str, Any]] = {}
+_UNSUPPORTED = ("_su_user", "_doas", "_dzdo")
+
+
+def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str | None:
+    """Why this login cannot deploy (None when it can): pure, from LoginAccess and the host's
+    resolved connector arguments."""
+    user = login["user"]
+    fix = f"`{sudoers_line(user)}` in {SUDOERS_FILE} (docs/operations.md)"
+    used = [k for k in _UNSUPPORTED if args.get(k)]
+    if used:
+        return (f"{name}: {', '.join(used)}: only sudo is supported for becoming root; log in as a user "
+                f"with passwordless sudo ({fix}) or as root")
+    if args.get("_sudo_user") not in (None, "", "root"):
+        return (f"{name}: _sudo_user: {args['_sudo_user']!r}: the vLLM deploy needs root; leave "
+                "_sudo_user unset")
+    if args.get("_sudo_password"):
+        return (f"{name}: _sudo_password: refused: pyinfra passes a sudo password to every command in the "
+                "argv of `env`, where every user of the host (the vllm user included) can read it with "
+                f"ps; give the login passwordless sudo instead: {fix}")
+    if login["uid"] == 0:
+        return None
+    if not args.get("_sudo"):
+        return (f"{name}: the login {user!r} is not root and `_sudo` is not set: set `_sudo: True` in the "
+                f"host's data; the login then needs {fix}")
+    if login["sudo"] == "absent":
+        return f"{name}: the login {user!r} has `_sudo` set but sudo is not installed on the host"
+    if login["sudo"] != "ok":
+        says = login["sudo_says"] or "sudo refused"
+        return (f"{name}: the login {user!r} cannot become root without a password ({says}); "
+                f"it needs {fix}")
+    return None
+
+
+def connector_arguments() -> dict[str, Any]:
+    """The host's sudo (and shell) settings, resolved as pyinfra resolves them for an operation:
+    deploy kwargs, then host data, then config (`--sudo` on the command line)."""
+    args, _ = pop_global_arguments(state, host, {})
+    return {k: v for k, v in args.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+def check_login() -> dict[str, Any]:
+    """Collection time, before any command as root: refuse a login that cannot deploy."""
+    if host.name not in _LOGINS:
+        login = host.get_fact(LoginAccess, _sudo=False)
+        if not login:
+            raise LoginRefused(f"{host.name}: could not read the login's identity (see above); nothing "
+                               "was changed")
+        problem = login_problem(host.name, login, connector_arguments())
+        if problem:
+            raise LoginRefused(f"refused, nothing was changed:\n  {problem}")
+        _LOGINS[host.name] = login
+    return _LOGINS[host.name]
+
+
+def upload_dir() -> str | None:
+    """Where this host's login uploads before root moves a file into place; None for a root login
+    (which writes straight into root-only staging directories)."""
+    login = check_login()
+    if login["uid"] == 0:
+        return None
+    return f"{login['home'].rstrip('/')}/{UPLOAD_SUBDIR}"
+
+
+def make_upload_dir(path: str) -> StringCommand:
+    """As the login itself, never as root: `install -d -m 0700` also tightens an existing directory."""
+    return StringCommand(f"install -d -m 0700 {shlex.quote(path)}", _sudo=False)
+
+
+def run(command: str) -> tuple[bool, Any]:
+    """A command run from a callback (commit, restore, journal, wheel unpacking, bench), as root through
+    the host's own sudo settings, exactly like an operation's."""
+    return host.run_shell_command(command, **connector_arguments())
+
+
+def run_as_login(command: StringCommand) -> tuple[bool, Any]:
+    """A command that must run as the login itself (its own upload directory), never through sudo."""
+    return host.run_shell_command(command, **{**connector_arguments(), "_sudo": False})
+
+
+def run_text(command: str) -> tuple[bool, str]:
+    """`run` with stdout and stderr joined, for reads and repairs outside pyinfra's operation log."""
+    ok, out = run(command)
+    return ok, out.output
