@@ -11,7 +11,7 @@ def _lab(args: argparse.Namespace) -> int:
 
     try:
         if args.lab_cmd == "up":
-            lab.up(args.count)
+            lab.up(args.count, plain=args.plain)
         elif args.lab_cmd == "down":
             lab.down()
         elif args.lab_cmd == "rootfs":
@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     lab_p = sub.add_parser("lab", help="local systemd hosts for the demo and the tests")
     lab_sub = lab_p.add_subparsers(dest="lab_cmd", required=True)
     up = lab_sub.add_parser("up", help="boot N lab hosts (idempotent)")
-    up.add_argument("count", type=int, nargs="?", default=2)
+    up.add_argument("count", type=int, nargs="?", default=2, help="vLLM hosts: lab1 up")
+    up.add_argument("--plain", type=int, default=0,
+                    help="hosts without vLLM in the same inventory (lab8 down), as a fleet's database is")
     lab_sub.add_parser("down", help="remove every lab host and what it made")
     lab_sub.add_parser("rootfs", help="build the cached root file system only")
     halt = lab_sub.add_parser("halt", help="power a lab host off, keeping its disk")

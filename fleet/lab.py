@@ -42,10 +42,18 @@ HOST_TOOLS = {
     "mount": "mount",
 }
 CGROUP_HIERARCHIES = ("systemd", "unified")
+# Lab hosts are reached like a fleet's: host keys recorded when each host is made, and verified.
+KNOWN_HOSTS = LAB_DIR / "known_hosts"
 SSH_OPTS = [
-    "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN_HOSTS}",
     "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR",
 ]
+# The login every lab host has besides root: what a fleet's deploy user gets, passwordless sudo.
+DEPLOY_USER = "deploy"
+SUDOERS_LINE = f"{DEPLOY_USER} ALL=(root) NOPASSWD: ALL"
+# Roles: a vLLM host gets vLLM data in the lab inventory; a plain host (a database, a load balancer)
+# sits in the same inventory with none, as in a customer's fleet.
+PLAIN_FIRST = 8  # plain hosts count down from lab8, vLLM hosts up from lab1
 
 
 class LabError(RuntimeError):
@@ -55,6 +63,7 @@ class LabError(RuntimeError):
 @dataclass(frozen=True)
 class LabHost:
     index: int
+    role: str = "vllm"  # or "plain"
 
     @property
     def name(self) -> str:
@@ -158,11 +167,12 @@ def _ensure_key() -> Path:
     return key
 
 
-def ssh(host: LabHost, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+def ssh(host: LabHost, command: str, timeout: float = 30, user: str = "root",
+        stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run a command on a lab host (used by the lab itself and by tests that inspect hosts)."""
     return subprocess.run(
-        ["ssh", "-i", str(ssh_key()), *SSH_OPTS, f"root@{host.address}", command],
-        text=True, capture_output=True, timeout=timeout,
+        ["ssh", "-i", str(ssh_key()), *SSH_OPTS, f"{user}@{host.address}", command],
+        text=True, capture_output=True, timeout=timeout, input=stdin,
     )
 
 
@@ -205,6 +215,41 @@ def _prepare_root(host: LabHost, base: Path, pubkey: str) -> None:
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(pubkey)
     (ssh_dir / "authorized_keys").chmod(0o600)
+    _deploy_user(r, pubkey)
+
+
+def _deploy_user(r: Path, pubkey: str) -> None:
+    """The fleet's login: an ordinary user with the lab key and passwordless sudo, made inside the
+    host's own root (its useradd, its /etc), so it is what `adduser` makes on a real server."""
+    if f"\n{DEPLOY_USER}:" not in "\n" + (r / "etc/passwd").read_text():
+        _run(["chroot", str(r), "useradd", "--create-home", "--shell", "/bin/bash", DEPLOY_USER])
+    home = r / "home" / DEPLOY_USER
+    ids = (r / "etc/passwd").read_text().split(f"\n{DEPLOY_USER}:", 1)[1].split(":")
+    uid, gid = int(ids[1]), int(ids[2])
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(pubkey)
+    (ssh_dir / "authorized_keys").chmod(0o600)
+    for p in (ssh_dir, ssh_dir / "authorized_keys"):
+        os.chown(p, uid, gid)
+    sudoers = r / "etc/sudoers.d/vllm-fleet"
+    sudoers.write_text(SUDOERS_LINE + "\n")
+    sudoers.chmod(0o440)
+
+
+def write_known_hosts() -> None:
+    """Every made host's public host keys, by address: what an operator's known_hosts holds for a fleet
+    (a host made again gets new keys, and its line here changes with them)."""
+    lines = []
+    hosts_dir = LAB_DIR / "hosts"
+    for d in sorted(hosts_dir.iterdir()) if hosts_dir.exists() else []:
+        h = LabHost(int(d.name.removeprefix("lab")))
+        for pub in sorted((h.root / "etc/ssh").glob("ssh_host_*_key.pub")):
+            kind, key = pub.read_text().split()[:2]
+            lines.append(f"{h.address} {kind} {key}")
+    tmp = KNOWN_HOSTS.with_suffix(".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in lines))
+    tmp.replace(KNOWN_HOSTS)
 
 
 def _network(host: LabHost) -> None:
@@ -253,7 +298,8 @@ def _wait_running(host: LabHost, timeout: float = 90) -> None:
 
 
 def write_state(hosts: list[LabHost]) -> None:
-    state = {"key": str(ssh_key()), "hosts": [{"name": h.name, "address": h.address} for h in hosts]}
+    state = {"key": str(ssh_key()), "known_hosts": str(KNOWN_HOSTS),
+             "hosts": [{"name": h.name, "address": h.address, "role": h.role} for h in hosts]}
     (LAB_DIR / "hosts.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
@@ -261,17 +307,21 @@ def read_state() -> list[LabHost]:
     path = LAB_DIR / "hosts.json"
     if not path.exists():
         return []
-    return [LabHost(int(h["name"].removeprefix("lab"))) for h in json.loads(path.read_text())["hosts"]]
+    return [LabHost(int(h["name"].removeprefix("lab")), h.get("role", "vllm"))
+            for h in json.loads(path.read_text())["hosts"]]
 
 
-def up(count: int, log=print) -> list[LabHost]:
+def up(count: int, plain: int = 0, log=print) -> list[LabHost]:
+    """Boot vLLM hosts lab1..lab<count> and `plain` hosts without vLLM (lab8 down); idempotent."""
     preflight()
-    if not 1 <= count <= 8:
-        raise LabError("the lab runs 1 to 8 hosts (each vLLM needs ~2.5 GiB)")
+    if count < 1 or plain < 0 or count + plain > PLAIN_FIRST:
+        raise LabError(f"the lab runs 1 to {PLAIN_FIRST} hosts in all (each vLLM needs ~2.5 GiB)")
     t0 = time.monotonic()
     base = _base_dir()
     pubkey = _ensure_key().with_suffix(".pub").read_text()
     hosts = [LabHost(i) for i in range(1, count + 1)]
+    hosts += [LabHost(PLAIN_FIRST - i, "plain") for i in range(plain)]
+    write_known_hosts()  # hosts an earlier `up` made answer with the keys they have
     booting = []
     for h in hosts:
         if _nspawn_pid(h) and _answers(h):
@@ -280,16 +330,27 @@ def up(count: int, log=print) -> list[LabHost]:
             stop(h)
         _prepare_root(h, base, pubkey)
         _network(h)
-        _boot(h)
         booting.append(h)
+    write_known_hosts()
+    for h in booting:
+        _boot(h)
     for h in booting:
         _wait_running(h)
-        log(f"{h.name} up at {h.address}")
-    # keep hosts beyond `count` that an earlier `up` started: `up` never destroys
-    extra = [h for h in read_state() if h.index > count and _nspawn_pid(h)]
-    write_state(hosts + extra)
-    log(f"lab: {len(hosts + extra)} host(s) ready in {time.monotonic() - t0:.1f} s")
-    return hosts + extra
+        log(f"{h.name} up at {h.address}" + (" (plain host, no vLLM)" if h.role == "plain" else ""))
+    # keep hosts that an earlier `up` started: `up` never destroys
+    wanted = {h.index for h in hosts}
+    extra = [h for h in read_state() if h.index not in wanted and _nspawn_pid(h)]
+    write_state(sorted(hosts + extra, key=lambda h: h.index))
+    n_plain = sum(h.role == "plain" for h in hosts + extra)
+    log(f"lab: {len(hosts + extra) - n_plain} vLLM host(s)"
+        + (f" and {n_plain} plain host(s)" if n_plain else "") + f" ready in {time.monotonic() - t0:.1f} s")
+    return sorted(hosts + extra, key=lambda h: h.index)
+
+
+def remove(host: LabHost) -> None:
+    """Stop a host and take it out of the lab's state (the inventory no longer lists it)."""
+    stop(host)
+    write_state([h for h in read_state() if h.index != host.index])
 
 
 def stop(host: LabHost) -> None:
@@ -324,6 +385,7 @@ def stop(host: LabHost) -> None:
         if _run(["mountpoint", "-q", str(host.root)], check=False).returncode == 0:
             _run(["umount", "-l", str(host.root)])
     shutil.rmtree(host.dir, ignore_errors=True)
+    write_known_hosts()
 
 
 def halt(host: LabHost) -> None:

@@ -34,19 +34,30 @@ def lab_vllm(index: int) -> dict[str, Any]:
     }
 
 
+# The lab logs in like a fleet: as `deploy` with sudo, host keys verified. One host keeps a root login
+# so that path stays tested too.
+ROOT_LOGIN = "lab2"
+
+
+def connection(h: lab.LabHost) -> dict[str, Any]:
+    """pyinfra's connection data for a lab host, in the shape a fleet's inventory has."""
+    data: dict[str, Any] = {"ssh_hostname": h.address, "ssh_key": str(lab.ssh_key()),
+                            "ssh_known_hosts_file": str(lab.KNOWN_HOSTS),
+                            "ssh_strict_host_key_checking": "yes"}
+    if h.name == ROOT_LOGIN:
+        return {**data, "ssh_user": "root"}
+    return {**data, "ssh_user": lab.DEPLOY_USER, "_sudo": True}
+
+
 def lab_hosts() -> list[tuple[str, dict[str, Any]]]:
-    key = str(lab.ssh_key())
-    return [
-        (h.name, {
-            "ssh_hostname": h.address,
-            "ssh_user": "root",
-            "ssh_key": key,
-            "ssh_known_hosts_file": "/dev/null",
-            "ssh_strict_host_key_checking": "no",
-            "vllm": lab_vllm(h.index),
-        })
-        for h in lab.read_state()
-    ]
+    """Every lab host that is up; only vLLM hosts get `vllm` data (plain hosts stand for the database
+    or load balancer of the same inventory, and the vLLM deploys leave them alone)."""
+    return [(h.name, {**connection(h), **({"vllm": lab_vllm(h.index)} if h.role == "vllm" else {})})
+            for h in lab.read_state()]
+
+
+def vllm_hosts() -> list[tuple[str, dict[str, Any]]]:
+    return [(name, data) for name, data in lab_hosts() if "vllm" in data]
 
 
 def lab_cluster_vllm(index: int, nodes: list[str]) -> dict[str, Any]:
@@ -64,6 +75,6 @@ def lab_cluster_vllm(index: int, nodes: list[str]) -> dict[str, Any]:
 
 
 def lab_cluster_hosts(count: int = 2) -> list[tuple[str, dict[str, Any]]]:
-    hosts = lab_hosts()[:count]
+    hosts = vllm_hosts()[:count]
     nodes = [name for name, _ in hosts]
     return [(name, {**data, "vllm": lab_cluster_vllm(i, nodes)}) for i, (name, data) in enumerate(hosts)]

@@ -68,11 +68,9 @@ def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
 
 
 def on(host: str, command: str, stdin: str | None = None) -> str:
+    """The tests' own look at a host, as root (the harness's login, not the deploy's)."""
     h = lab.LabHost(int(host.removeprefix("lab")))
-    if stdin is None:
-        return lab.ssh(h, command, timeout=60).stdout
-    return subprocess.run(["ssh", "-i", str(lab.ssh_key()), *lab.SSH_OPTS, f"root@{h.address}", command],
-                          input=stdin, text=True, capture_output=True, timeout=60).stdout
+    return lab.ssh(h, command, timeout=60, stdin=stdin).stdout
 
 
 def api_get(host: str, path: str, instance: str = "default", port: int = 8000,
@@ -111,9 +109,9 @@ def lab_hosts():
     if os.geteuid() != 0:
         pytest.skip("lab tests need root (systemd-nspawn)")
     booted_here = not lab.read_state()
-    hosts = lab.up(2)
+    hosts = lab.up(2, plain=1)
     make_tiny_model(TINY_MODEL)
-    yield [h.name for h in hosts[:2]]
+    yield [h.name for h in hosts if h.role == "vllm"][:2]
     if booted_here and os.environ.get("CI") and not os.environ.get("VLLM_FLEET_KEEP_LAB"):
         lab.down()
 

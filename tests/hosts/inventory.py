@@ -1,4 +1,8 @@
-"""The lab inventory with per-test overrides (VLLM_FLEET_TEST_OVERRIDES: {"lab2": {...vllm...}})."""
+"""The lab inventory with per-test overrides (VLLM_FLEET_TEST_OVERRIDES: {"lab2": {...vllm...}}).
+
+{"__replace__": {"lab2": {...}}} puts a whole vllm dict in place of the lab's (bad-inventory tests);
+{"__login__": {"lab1": {"ssh_user": "nosudo"}}} changes how pyinfra logs in (the login tests).
+"""
 
 import json
 import os
@@ -7,8 +11,17 @@ from fleet.lab_inventory import lab_hosts
 from fleet.spec import deep_merge
 
 _over = json.loads(os.environ.get("VLLM_FLEET_TEST_OVERRIDES", "{}"))
-# {"__replace__": {"lab2": {...}}} puts a whole vllm dict in place of the lab's (bad-inventory tests)
 _replace = _over.pop("__replace__", {})
-lab = [(name, {**data, "vllm": _replace[name] if name in _replace else deep_merge(data["vllm"],
-                                                                                  _over.get(name, {}))})
+_login = _over.pop("__login__", {})
+
+
+def _vllm(name: str, data: dict) -> dict:
+    if name in _replace:
+        return {"vllm": _replace[name]}
+    if "vllm" not in data:
+        return {}
+    return {"vllm": deep_merge(data["vllm"], _over.get(name, {}))}
+
+
+lab = [(name, {**{k: v for k, v in data.items() if k != "vllm"}, **_login.get(name, {}), **_vllm(name, data)})
        for name, data in lab_hosts()]

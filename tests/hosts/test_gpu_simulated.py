@@ -26,9 +26,9 @@ CUDA = {"lab2": {"accelerator": "cuda", "install_source": "registry"}}
 
 
 def _put(host: str, path: str, content: str, mode: str) -> None:
-    h = lab.LabHost(int(host.removeprefix("lab")))
-    subprocess.run(["ssh", "-i", str(lab.ssh_key()), *lab.SSH_OPTS, f"root@{h.address}",
-                    f"cat > {path} && chmod {mode} {path}"], input=content, text=True, check=True)
+    out = lab.ssh(lab.LabHost(int(host.removeprefix("lab"))), f"cat > {path} && chmod {mode} {path}",
+                  stdin=content)
+    assert out.returncode == 0, out.stderr
 
 
 @pytest.fixture()

@@ -26,8 +26,7 @@ def three_hosts(deployed):
     run = deploy()
     assert run.rc == 0, run.output[-4000:]
     yield HOSTS
-    lab.stop(lab.LabHost(3))  # the other tests run on two hosts
-    lab.write_state([lab.LabHost(1), lab.LabHost(2)])
+    lab.remove(lab.LabHost(3))  # the other tests run on two hosts
 
 
 def rollout(*args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
