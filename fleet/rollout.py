@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.spec import is_vllm_host, skipped_note
 from fleet.tables import columns
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +112,7 @@ def _read_inventory(inventory: str, expression: str) -> object:
             "from pyinfra.context import ctx_config, ctx_state; "
             "from pyinfra_cli.inventory import make_inventory; "
             "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
-            f"inv = make_inventory(sys.argv[1]); print(json.dumps({expression}))")
+            f"inv = make_inventory(sys.argv[1]); print(json.dumps({expression}, default=str))")
     out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
@@ -126,17 +127,18 @@ def inventory_groups(inventory: str) -> dict[str, str]:
     return {h: c for h, c in found.items() if c}
 
 
-def inventory_hosts(inventory: str, limit: str | None = None) -> list[str]:
-    """Host names in inventory order."""
-    names = _read_inventory(inventory, "[h.name for h in inv]")
-    assert isinstance(names, list)
+def inventory_hosts(inventory: str, limit: str | None = None) -> tuple[list[str], list[str]]:
+    """(vLLM hosts, hosts without vllm data) in inventory order; only the first are rolled out."""
+    found = _read_inventory(inventory, "[(h.name, h.data.get('vllm')) for h in inv]")
+    assert isinstance(found, list)
+    names = [name for name, _ in found]
     if limit:
         wanted = [n.strip() for n in limit.split(",") if n.strip()]
         unknown = [n for n in wanted if n not in names]
         if unknown:
             raise RuntimeError(f"--limit names hosts not in the inventory: {', '.join(unknown)}")
-        names = [n for n in names if n in wanted]
-    return names
+        found = [(name, v) for name, v in found if name in wanted]
+    return ([n for n, v in found if is_vllm_host(v)], [n for n, v in found if not is_vllm_host(v)])
 
 
 def _pyinfra(inventory: str, deploy: str, hosts: list[str], smoke_json: str) -> subprocess.CompletedProcess:
@@ -163,9 +165,11 @@ def _classify(host: str, output: str, smoke: list[dict], rc: int) -> tuple[str, 
 def run(inventory: str, deploy: str = "vllm.py", canary: int = 1, wave: str = "1",
         max_unavailable: int | None = None, limit: str | None = None,
         log: Callable[[str], None] = print) -> RolloutResult:
-    hosts = inventory_hosts(inventory, limit)
+    hosts, skipped = inventory_hosts(inventory, limit)
+    if skipped:
+        log(f"rollout: {skipped_note(skipped)}")
     if not hosts:
-        raise RuntimeError(f"no hosts in {inventory}" + (f" matching --limit {limit}" if limit else ""))
+        raise RuntimeError(f"no vLLM hosts in {inventory}" + (f" matching --limit {limit}" if limit else ""))
     plan = keep_groups_together(waves(hosts, canary, wave, max_unavailable), inventory_groups(inventory))
     result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w})
     t0 = time.monotonic()

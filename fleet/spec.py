@@ -280,6 +280,11 @@ def is_vllm_host(data: Mapping[str, Any] | None) -> bool:
     return data is not None
 
 
+def skipped_note(names: list[str]) -> str:
+    """What every vLLM deploy and command says about the hosts it left alone."""
+    return f"skipped {len(names)} host(s) without vllm data, left untouched: {', '.join(names)}"
+
+
 def parse_inventory(hosts: Iterable[tuple[str, Mapping[str, Any] | None, Mapping[str, Any] | None]]
                     ) -> dict[str, HostSpec]:
     """Validate every vLLM host before any is touched; report all problems at once. Hosts that are not

@@ -103,8 +103,8 @@ def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str
         return f"{name}: the login {user!r} has `_sudo` set but sudo is not installed on the host"
     if login["sudo"] != "ok":
         says = login["sudo_says"] or "sudo refused"
-        return (f"{name}: the login {user!r} cannot become root without a password ({says}); "
-                f"it needs {fix}")
+        return (f"{name}: the login {user!r} cannot become root without a password ({says}); vllm-fleet "
+                f"never types a sudo password: the login needs {fix}")
     return None
 
 

@@ -20,7 +20,7 @@ from pyinfra.api.exceptions import PyinfraError
 from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
-from fleet.spec import HostSpec, SpecError, is_vllm_host, parse_inventory
+from fleet.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from fleet.tables import columns
 from roles import install, model, remote, service
 from roles.facts import HostModel, VllmHost
@@ -33,6 +33,7 @@ class Refused(PyinfraError):
 
 
 _SPECS: dict[str, HostSpec] | None = None
+_SKIPPED: list[str] = []
 _NODES: dict[str, cluster.NodeRole] = {}
 
 
@@ -47,10 +48,9 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
                                                   for h in inventory}))
         except SpecError as e:
             raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
-        skipped = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
-        if skipped:
-            logger.info(f"vllm-fleet: skipped {len(skipped)} host(s) without vllm data, left untouched: "
-                        + ", ".join(skipped))
+        _SKIPPED[:] = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
+        if _SKIPPED:
+            logger.info(f"vllm-fleet: {skipped_note(_SKIPPED)}")
         missing = [p for name, spec in specs.items() for inst in spec.instances
                    for p in missing_secrets(name, inst, os.environ)]
         if missing and check_secrets:
@@ -192,7 +192,8 @@ def plan_report() -> None:
 
     if not _AT_EXIT:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
         _AT_EXIT.append("plan")
-        atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))))
+        atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))
+                                      + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else "")))
     spec = this_host(check_secrets=False)
     if spec is None:
         return
@@ -241,4 +242,4 @@ def smoke_only() -> None:
 
 def _print_status() -> None:
     head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID")
-    print("\n" + columns(head, sorted(_STATUS)))
+    print("\n" + columns(head, sorted(_STATUS)) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))

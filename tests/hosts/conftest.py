@@ -58,7 +58,7 @@ def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
         smoke_json = tf.name
     Path(smoke_json).unlink()
     e["VLLM_FLEET_SMOKE_JSON"] = smoke_json
-    cmd = [PYINFRA, "-y", *extra, INVENTORY, deploy_file]
+    cmd = [PYINFRA, "-y", *extra, INVENTORY, *deploy_file.split()]  # "a.py b.py": two deploys, one run
     if limit:  # "lab1,lab2": pyinfra takes one --limit per pattern
         cmd[2:2] = [arg for name in limit.split(",") for arg in ("--limit", name)]
     proc = subprocess.run(cmd, cwd=ROOT, env=e, text=True, capture_output=True, timeout=timeout)

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from fleet import lab
+from fleet.lab_inventory import connection
 from tests.hosts.conftest import ROOT, api_get, deploy, on, unit_props
 from tests.rendered_units import render_units
 
@@ -35,6 +36,12 @@ def test_key_never_leaks(leak_run, lab_hosts):
         assert on(h, "stat -c %a:%U:%G /etc/vllm/default.env").strip() == "600:root:root"
         assert DISTINCT not in on(h, "ps -eo args")
         assert DISTINCT not in on(h, "journalctl --no-pager -o cat")
+        # sudo logs every command line it runs: the deploy login's hosts have many, none with the key
+        if connection(lab.LabHost(int(h[3:]))).get("_sudo"):
+            sudo_log = on(h, "journalctl SYSLOG_IDENTIFIER=sudo --no-pager -o cat; cat /var/log/auth.log "
+                             "/var/log/secure 2>/dev/null; true")
+            assert sudo_log.count("COMMAND=") > 20, sudo_log[-2000:]
+            assert DISTINCT not in sudo_log
         assert on(h, "ls -A /etc/vllm/.staging").strip() == ""
     # the toolkit's own files on the controller: the checkout, its caches, the lab's state
     for where in (ROOT, lab.CACHE_DIR, lab.LAB_DIR / "hosts.json"):

@@ -53,8 +53,20 @@ def test_inventory_order_is_read_by_pyinfra_itself(tmp_path):
     from fleet.rollout import inventory_hosts
 
     inv = tmp_path / "inv.py"
-    inv.write_text('web = ["c-host", ("a-host", {"x": 1})]\ngpu = ["b-host"]\n')
-    assert inventory_hosts(str(inv)) == ["c-host", "a-host", "b-host"]
-    assert inventory_hosts(str(inv), "b-host,c-host") == ["c-host", "b-host"]
+    inv.write_text('web = [("c-host", {"vllm": {}}), ("a-host", {"vllm": {"x": 1}})]\n'
+                   'gpu = [("b-host", {"vllm": {"model": {"name": "m"}}})]\n')
+    assert inventory_hosts(str(inv)) == (["c-host", "a-host", "b-host"], [])
+    assert inventory_hosts(str(inv), "b-host,c-host") == (["c-host", "b-host"], [])
     with pytest.raises(RuntimeError, match="not in the inventory: nope"):
         inventory_hosts(str(inv), "nope")
+
+
+def test_hosts_without_vllm_data_are_skipped_and_named(tmp_path):
+    """A mixed inventory: the database and the load balancer are not rolled out, and are named."""
+    from fleet.rollout import inventory_hosts
+
+    inv = tmp_path / "inv.py"
+    inv.write_text('db = [("db-01", {"ssh_user": "deploy"})]\nlb = ["lb-01"]\n'
+                   'gpu = [("gpu-01", {"vllm": {"model": {"name": "m"}}})]\n')
+    assert inventory_hosts(str(inv)) == (["gpu-01"], ["db-01", "lb-01"])
+    assert inventory_hosts(str(inv), "db-01") == ([], ["db-01"])
