@@ -32,6 +32,11 @@ def version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
 
 
+# The drain a restart gives in-flight requests: vLLM waits up to this long on SIGTERM, and the unit's
+# TimeoutStopSec is this + 30 s. vLLM's own default (0) aborts them.
+SHUTDOWN_TIMEOUT_S = 30
+
+
 class ServeFlags(BaseModel):
     """Flags of one vLLM instance, as the operator may set them in the inventory (snake_case keys)."""
 
@@ -63,7 +68,9 @@ class ServeFlags(BaseModel):
         None, json_schema_extra=_meta())
     host: str = Field("127.0.0.1", json_schema_extra=_meta())
     port: int = Field(8000, ge=1, le=65_535, json_schema_extra=_meta())
-    shutdown_timeout: int | None = Field(None, ge=0, le=3600, json_schema_extra=_meta(since="0.11.0"))
+    # seconds vLLM lets in-flight requests finish on SIGTERM (vLLM's own 0 aborts them)
+    shutdown_timeout: int | None = Field(SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
+                                         json_schema_extra=_meta(since="0.11.0"))
     distributed_executor_backend: Literal["mp", "uni", "ray", "external_launcher"] | None = Field(
         None, json_schema_extra=_meta())
     # Set by the planner from `vllm.cluster` (a model spanning nodes), never by hand: vLLM's own

@@ -173,6 +173,7 @@ def restore(which: str) -> dict:
     units = sorted(n for n in target["files"] if n.endswith(".service"))
     for unit in units:
         _systemctl("enable", unit)
+        _systemctl("reset-failed", unit)  # a deliberate restart: not throttled as a crash loop
         _systemctl("restart", unit)
     if which == "previous":
         cur, prev = SNAPSHOTS + "/current", SNAPSHOTS + "/previous"

@@ -29,9 +29,9 @@ MIRROR = os.environ.get("VLLM_FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debia
 # all baked into the root file system. Bump ROOTFS_REV when this list changes so caches rebuild.
 ROOTFS_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo", "curl",
-    "iproute2", "ca-certificates", "libnuma1", "libgomp1", "procps",
+    "iproute2", "ca-certificates", "libnuma1", "libgomp1", "procps", "haproxy",
 ]
-ROOTFS_REV = 1
+ROOTFS_REV = 2
 HOST_TOOLS = {
     "debootstrap": "debootstrap",
     "systemd-nspawn": "systemd-container",
@@ -132,6 +132,8 @@ def build_rootfs(log=print) -> Path:
         (root / "etc/machine-id").write_text("")
         for key in (root / "etc/ssh").glob("ssh_host_*"):
             key.unlink()  # each host gets its own
+        # haproxy is there for the hosts a test makes load balancers; it runs only where deployed
+        (root / "etc/systemd/system/multi-user.target.wants/haproxy.service").unlink(missing_ok=True)
         # No DNS is reachable from a host's namespace: fail lookups fast instead of 10-20 s timeouts.
         resolv = root / "etc/resolv.conf"
         if resolv.is_symlink() or resolv.exists():

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.cluster import NodeRole
-from fleet.flags import render_flags
+from fleet.flags import SHUTDOWN_TIMEOUT_S, render_flags
 from fleet.gpus import Gpu
 from fleet.modelinfo import ModelInfoError, from_config
 from fleet.sizing import estimate, estimate_cpu
@@ -367,7 +367,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         served_name=str(flags["served-model-name"]), model_dir=model_dir, stage_from=stage_from,
         flags=flags, environment=env, secret_env=secret_env, tensor_parallel=tp, dtype=dtype,
         gpu_indexes=tuple(g.index for g in gpus), host=f.host, port=f.port,
-        shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else 30,
+        shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else SHUTDOWN_TIMEOUT_S,
         node=node, ip_allow=ip_allow, pipeline_parallel=pp,
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from fleet import lb
 from fleet.plan import CURRENT_LINK, STATE_DIR, HostPlan, InstancePlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -22,7 +23,7 @@ def _to_yaml(value: object) -> str:
     return yaml.safe_dump(value, sort_keys=False, default_flow_style=False).rstrip("\n")
 
 
-def _envquote(value: str) -> str:
+def envquote(value: str) -> str:
     """systemd EnvironmentFile quoting: double quotes, with backslash and quote escaped."""
     if "\n" in value:
         raise ValueError("a secret value may not contain a newline")
@@ -39,7 +40,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["to_yaml"] = _to_yaml
-    env.filters["envquote"] = _envquote
+    env.filters["envquote"] = envquote
     env.filters["tojson"] = json.dumps
     return env
 
@@ -53,6 +54,11 @@ def unit(plan: HostPlan, inst: InstancePlan) -> str:
 
 def serve_config(plan: HostPlan, inst: InstancePlan) -> str:
     return environment().get_template("vllm-serve.yaml.j2").render(i=inst, host=plan.host)
+
+
+def haproxy_config(b: lb.Balancer, socket: str) -> str:
+    return environment().get_template("haproxy.cfg.j2").render(
+        lb=b, socket=socket, backend=lb.BACKEND, key_var=lb.KEY_VAR, body=lb.check_body(b.served_name))
 
 
 def env_file(inst: InstancePlan, environ: Mapping[str, str]) -> str:

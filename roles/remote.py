@@ -108,24 +108,32 @@ def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str
     return None
 
 
-def connector_arguments() -> dict[str, Any]:
-    """The host's sudo (and shell) settings, resolved as pyinfra resolves them for an operation:
+def connector_arguments(on=None) -> dict[str, Any]:
+    """A host's sudo (and shell) settings, resolved as pyinfra resolves them for an operation:
     deploy kwargs, then host data, then config (`--sudo` on the command line)."""
-    args, _ = pop_global_arguments(state, host, {})
+    args, _ = pop_global_arguments(state, host if on is None else on, {})
     return {k: v for k, v in args.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+def login_problem_of(on=None) -> str | None:
+    """Why this host's login cannot become root (None when it can); read once per run and host."""
+    h = host if on is None else on
+    if h.name not in _LOGINS:
+        login = h.get_fact(LoginAccess, _sudo=False)
+        if not login:
+            return f"{h.name}: could not read the login's identity (see above)"
+        problem = login_problem(h.name, login, connector_arguments(h))
+        if problem:
+            return problem
+        _LOGINS[h.name] = login
+    return None
 
 
 def check_login() -> dict[str, Any]:
     """Collection time, before any command as root: refuse a login that cannot deploy."""
-    if host.name not in _LOGINS:
-        login = host.get_fact(LoginAccess, _sudo=False)
-        if not login:
-            raise LoginRefused(f"{host.name}: could not read the login's identity (see above); nothing "
-                               "was changed")
-        problem = login_problem(host.name, login, connector_arguments())
-        if problem:
-            raise LoginRefused(f"refused, nothing was changed:\n  {problem}")
-        _LOGINS[host.name] = login
+    problem = login_problem_of()
+    if problem:
+        raise LoginRefused(f"refused, nothing was changed:\n  {problem}")
     return _LOGINS[host.name]
 
 
@@ -143,10 +151,10 @@ def make_upload_dir(path: str) -> StringCommand:
     return StringCommand(f"install -d -m 0700 {shlex.quote(path)}", _sudo=False)
 
 
-def run(command: str) -> tuple[bool, Any]:
-    """A command run from a callback (commit, restore, journal, wheel unpacking, bench), as root through
-    the host's own sudo settings, exactly like an operation's."""
-    return host.run_shell_command(command, **connector_arguments())
+def run(command: str, on=None) -> tuple[bool, Any]:
+    """A command run from a callback (commit, restore, journal, wheel unpacking, bench, a load
+    balancer's drain), as root through that host's own sudo settings, exactly like an operation's."""
+    return (host if on is None else on).run_shell_command(command, **connector_arguments(on))
 
 
 def run_as_login(command: StringCommand) -> tuple[bool, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
@@ -17,6 +18,12 @@ STAGED = "/var/lib/vllm-fleet/staged"
 def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
     return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml")
+
+
+def restart_command(unit: str) -> str:
+    """A deliberate restart is not a crash loop: reset systemd's start-rate counter first, so a
+    busy day of changes (StartLimitBurst in the unit) never refuses one."""
+    return f"systemctl reset-failed {unit} 2>/dev/null; systemctl restart {unit}"
 
 
 def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> bool:
@@ -47,7 +54,7 @@ def remove(unit: str) -> list:
 
 
 def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool,
-              state: dict[str, str]) -> bool:
+              state: dict[str, str], before_restart: Callable[[], None] = lambda: None) -> bool:
     """Write the live files; daemon-reload, enable and restart only as needed. True when it restarts.
 
     Every decision is made here, at collection time, from two facts (a manifest of the files and the
@@ -72,13 +79,14 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
         server.shell(name=f"enable {inst.unit}", commands=[f"systemctl enable {inst.unit}"])
     changed = stale_config or stale_env or stale_unit or release_or_model_changed
     if changed or state.get("ActiveState") != "active":
+        before_restart()  # a load balancer drains the host first (roles/lb.py)
         server.shell(name=f"restart {inst.unit}" + (" (changed)" if changed else " (was not running)"),
-                     commands=[f"systemctl restart {inst.unit}"])
+                     commands=[restart_command(inst.unit)])
     elif inst.node is not None:
         # A node group forms only with every node on the new config: a change on one node restarts all.
         group = inst.node.store
         server.shell(name=f"restart {inst.unit} (if another node of cluster {inst.node.cluster} changed)",
-                     commands=[f"systemctl restart {inst.unit}"],
+                     commands=[restart_command(inst.unit)],
                      _if=lambda: CLUSTER_CHANGED.get(group, False))
     if inst.node is not None and changed:
         CLUSTER_CHANGED[inst.node.store] = True

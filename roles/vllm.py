@@ -16,13 +16,14 @@ from typing import Any
 
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.operations import python
 
 from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from fleet.tables import columns
-from roles import install, model, remote, service
+from roles import install, lb, model, remote, service
 from roles.facts import HostModel, VllmHost
 from roles.ops import prefetch
 from roles.smoke import verify_op
@@ -51,11 +52,12 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
         _SKIPPED[:] = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
         if _SKIPPED:
             logger.info(f"vllm-fleet: {skipped_note(_SKIPPED)}")
-        missing = [p for name, spec in specs.items() for inst in spec.instances
-                   for p in missing_secrets(name, inst, os.environ)]
-        if missing and check_secrets:
-            raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
         _SPECS = specs
+    if check_secrets:  # every time it is asked: a read-only caller may have parsed the inventory first
+        missing = [p for name, spec in _SPECS.items() for inst in spec.instances
+                   for p in missing_secrets(name, inst, os.environ)]
+        if missing:
+            raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
     return _SPECS
 
 
@@ -166,8 +168,19 @@ def deploy_vllm() -> None:
         if service.stage_config(plan, inst, release_changing):
             install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml")
     install.switch(plan, vh["current"])
+    for b, _ in lb.fronting(host.name):  # a load balancer that cannot drain us is refused up front
+        problem = remote.login_problem_of(lb._lb_host(b))
+        if problem:
+            raise Refused(f"refused, nothing was changed:\n  {host.name}: its load balancer: {problem}")
+    drained: list[bool] = []
+
+    def drain_once() -> None:
+        if not drained:
+            lb.drain_op()
+            drained.append(True)
+
     changed = [service.configure(plan, inst, release_changing or model_changed[inst.name],
-                                 vh["unit_states"].get(inst.unit, {}))
+                                 vh["unit_states"].get(inst.unit, {}), before_restart=drain_once)
                for inst in plan.instances]
     wanted = {inst.unit for inst in plan.instances}
     removed = [unit for unit in vh["units"] if unit not in wanted]
@@ -177,6 +190,8 @@ def deploy_vllm() -> None:
     node = _NODES.get(host.name)
     verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
               had_state=bool(vh["state"]))
+    if drained:
+        lb.ready_op()  # only after the smoke test passed: a host that fails stays drained
 
 
 _ROWS: list = []
@@ -238,8 +253,15 @@ def smoke_only() -> None:
                         config_hash[:12] if current else "-", current.get("at", "-"), service,
                         unit.get("MainPID", "-")))
     verify_op(plan, changed=lambda: False, wait=False)
+    if any(b.servers_of(host.name) for b in lb.balancers().values()):
+        python.call(name="load balancer state", function=lambda: _LB_STATUS.extend(lb.server_states()))
+
+
+_LB_STATUS: list[tuple[str, ...]] = []
 
 
 def _print_status() -> None:
     head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID")
     print("\n" + columns(head, sorted(_STATUS)) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))
+    if _LB_STATUS:
+        print("\n" + columns(("BALANCER", "SERVER", "STATE", "CHECK", "SESSIONS"), sorted(_LB_STATUS)))

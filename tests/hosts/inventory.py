@@ -1,7 +1,8 @@
 """The lab inventory with per-test overrides (VLLM_FLEET_TEST_OVERRIDES: {"lab2": {...vllm...}}).
 
 {"__replace__": {"lab2": {...}}} puts a whole vllm dict in place of the lab's (bad-inventory tests);
-{"__login__": {"lab1": {"ssh_user": "nosudo"}}} changes how pyinfra logs in (the login tests).
+{"__hostdata__": {"lab1": {"ssh_user": "nosudo"}}} adds or changes other host data (the login tests,
+the load balancer's `vllm_lb`).
 """
 
 import json
@@ -12,7 +13,7 @@ from fleet.spec import deep_merge
 
 _over = json.loads(os.environ.get("VLLM_FLEET_TEST_OVERRIDES", "{}"))
 _replace = _over.pop("__replace__", {})
-_login = _over.pop("__login__", {})
+_hostdata = _over.pop("__hostdata__", {})
 
 
 def _vllm(name: str, data: dict) -> dict:
@@ -23,5 +24,6 @@ def _vllm(name: str, data: dict) -> dict:
     return {"vllm": deep_merge(data["vllm"], _over.get(name, {}))}
 
 
-lab = [(name, {**{k: v for k, v in data.items() if k != "vllm"}, **_login.get(name, {}), **_vllm(name, data)})
+lab = [(name, {**{k: v for k, v in data.items() if k != "vllm"}, **_hostdata.get(name, {}),
+               **_vllm(name, data)})
        for name, data in lab_hosts()]

@@ -72,7 +72,7 @@ def test_a_host_key_that_changed_is_refused(deployed):
 @pytest.mark.parametrize("entry", ["deploys/vllm.py", "deploys/smoke.py", "deploys/rollback.py"])
 def test_a_login_that_cannot_become_root_is_refused_before_anything_changes(logins, login, says, entry):
     before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in ("lab1", "lab2")}
-    run = deploy(entry, overrides={"__login__": {"lab1": login}, "lab1": {"flags": {"max_num_seqs": 7}}})
+    run = deploy(entry, overrides={"__hostdata__": {"lab1": login}, "lab1": {"flags": {"max_num_seqs": 7}}})
     assert run.rc != 0
     line = next((x.strip() for x in run.output.splitlines() if x.strip().startswith("lab1: ")), "")
     assert says in line, run.output[-3000:]

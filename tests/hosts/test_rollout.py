@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fleet import lab
+from fleet.load import Load, summary
 from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
 
 HOSTS = ["lab1", "lab2", "lab3"]
@@ -105,3 +109,106 @@ def test_an_unreachable_host_stops_the_rollout_naming_it(three_hosts):
         assert "untouched: lab3" in proc.stdout
     finally:
         lab.up(3)  # boots lab2 again from its disk; its service starts by itself
+
+
+# Issue 21: the same three hosts behind a real haproxy (the distribution's package) on lab7, a plain
+# host of the inventory; the health check is a real completion with the key.
+LB = "lab7"
+LB_URL = "http://10.77.7.2:8080"
+BEHIND = {**{h: {"flags": {"host": "0.0.0.0"}} for h in HOSTS},
+          "__hostdata__": {LB: {"vllm_lb": {"port": 8080, "hosts": HOSTS, "check_interval_s": 1}}}}
+
+
+def lb_servers() -> dict[str, dict]:
+    out = on(LB, "python3 /usr/local/lib/vllm-fleet/lbctl.py /run/vllm-fleet-lb.sock show")
+    return {r["server"]: r for r in map(json.loads, out.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def balanced(three_hosts):
+    lab.up(3, plain=2)  # lab7 joins as the load balancer
+    run = deploy("deploys/vllm.py deploys/lb.py", overrides=BEHIND)
+    assert run.rc == 0, run.output[-4000:]
+    for _ in range(30):
+        if all(r["status"] == "UP" for r in lb_servers().values()):
+            break
+        time.sleep(1)
+    yield run
+    lab.remove(lab.LabHost(7, "plain"))
+
+
+def test_haproxy_fronts_every_instance_with_a_completion_check_and_no_key_in_its_config(balanced):
+    assert set(lb_servers()) == {f"vllm/{h}-default" for h in HOSTS}
+    assert all(r["status"] == "UP" and r["check"] == "L7OK" for r in lb_servers().values()), lb_servers()
+    cfg = on(LB, "cat /etc/haproxy/haproxy.cfg")
+    assert "uri /v1/completions" in cfg and os.environ["VLLM_API_KEY"] not in cfg
+    assert on(LB, "stat -c %a:%U /etc/haproxy/vllm-fleet.env").strip() == "600:root"
+    key = os.environ["VLLM_API_KEY"]
+    with httpx.Client(base_url=LB_URL, timeout=30) as c:
+        ok = c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {key}"})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        assert c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi"}).status_code == 401
+    again = deploy("deploys/lb.py", overrides=BEHIND, limit=LB)
+    assert again.rc == 0 and again.changed_ops() == [], again.changed_ops()
+
+
+def test_rollout_under_load_through_haproxy_fails_no_request(balanced):
+    load = Load(LB_URL, "tiny-llama", os.environ["VLLM_API_KEY"], rate_per_s=4, max_s=600).start()
+    time.sleep(8)
+    began = load.mark()
+    proc = rollout("--canary", "1", "--wave", "1",
+                   overrides={**BEHIND, **{h: {"flags": {"host": "0.0.0.0", "max_num_seqs": 5}}
+                                           for h in HOSTS}})
+    ended = load.mark()
+    time.sleep(3)
+    load.stop()
+    before = summary([s for s in load.samples if s.t < began])
+    during = summary([s for s in load.samples if began <= s.t <= ended])
+    print(proc.stdout)
+    print(f"through haproxy: before {before}; during the rollout {during}")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "updated: lab1, lab2, lab3" in proc.stdout
+    for h in HOSTS:
+        assert "max-num-seqs: 5" in on(h, "cat /etc/vllm/default.yaml")
+    assert during["sent"] > 100, during
+    assert during["failed"] == 0, [s.detail for s in load.samples if not s.ok][:5]
+    assert all(r["status"] == "UP" for r in lb_servers().values()), lb_servers()  # ready again
+
+
+def test_status_shows_each_server_in_the_load_balancer(balanced):
+    env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps(BEHIND)}
+    proc = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "status", INVENTORY], cwd=ROOT,
+                          env=env, text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"{LB} ")]
+    assert sorted(r[1] for r in rows) == [f"vllm/{h}-default" for h in HOSTS], proc.stdout[-2000:]
+    assert all(r[2] == "UP" for r in rows), rows
+
+
+def test_a_restart_lets_a_streaming_request_finish(balanced):
+    """Without the load balancer: the unit's stop drains in-flight requests (--shutdown-timeout), so a
+    stream that started before the restart ends with [DONE]."""
+    key = "$(sed -n 's/^VLLM_API_KEY=\"\\(.*\\)\"$/\\1/p' /etc/vllm/default.env)"
+    body = json.dumps({"model": "tiny-llama", "prompt": "Hi", "max_tokens": 400, "ignore_eos": True,
+                       "stream": True})
+    stream = (f"curl -sN -m 120 http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
+              f"-H \"Authorization: Bearer {key}\" -d '{body}' > /tmp/stream.out 2>&1")
+    on("lab1", "rm -f /tmp/stream.out; systemd-run --quiet --collect --unit=stream-probe sh -c "
+               + shlex.quote(stream))
+    for _ in range(50):
+        if on("lab1", "grep -c '^data: {' /tmp/stream.out 2>/dev/null").strip() not in ("", "0"):
+            break
+        time.sleep(0.1)
+    on("lab1", "systemctl restart vllm-default")
+    for _ in range(120):
+        if on("lab1", "systemctl is-active stream-probe").strip() != "active":
+            break
+        time.sleep(0.5)
+    out = on("lab1", "cat /tmp/stream.out")
+    assert out.rstrip().endswith("data: [DONE]"), out[-600:]
+    chunks = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # all 400 tokens, not cut short
+    # and it really was in flight when the unit was stopped: vLLM says it waited for it
+    log = on("lab1", "journalctl -u vllm-default -n 900 --no-pager -o cat | grep -F '[shutdown]' | tail -20")
+    assert "draining in-flight requests count=1" in log, log

@@ -45,7 +45,8 @@ def test_seed_defaults() -> None:
     assert f.enable_chunked_prefill is None
     assert f.max_model_len is None
     assert f.max_num_batched_tokens is None
-    assert f.shutdown_timeout is None
+    # in-flight requests finish on a restart (vLLM's own 0 aborts them): issue 21
+    assert f.shutdown_timeout == 30
     assert f.extra_args == {}
 
 
@@ -59,6 +60,7 @@ def test_default_render_cuda_is_exactly_the_seed_values_in_stable_order() -> Non
         ("enforce-eager", False),
         ("host", "127.0.0.1"),
         ("port", 8000),
+        ("shutdown-timeout", 30),  # in-flight requests finish on a restart (issue 21)
     ]
 
 
@@ -72,6 +74,7 @@ def test_default_render_cpu_has_no_gpu_memory_utilization() -> None:
         "enforce-eager": False,
         "host": "127.0.0.1",
         "port": 8000,
+        "shutdown-timeout": 30,
     }
 
 

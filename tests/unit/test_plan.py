@@ -317,6 +317,7 @@ def test_cuda_host_flags_and_environment() -> None:
         "enforce-eager": False,
         "host": "127.0.0.1",
         "port": 8000,
+        "shutdown-timeout": 30,
     }
     assert inst.environment == {
         "HOME": "/var/lib/vllm",

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""haproxy's runtime API for a rollout: drain servers, wait for their sessions to end, make them ready.
+
+Runs ON the load-balancer host (stdlib only, Python >= 3.9), uploaded by deploys/lb.py to
+/usr/local/lib/vllm-fleet/. Talks to the admin socket haproxy.cfg declares (root only).
+
+    lbctl.py SOCKET drain SECONDS SERVER...   set drain; wait (bounded) until none has a session
+    lbctl.py SOCKET ready SERVER...           set ready (haproxy sends traffic once its check passes)
+    lbctl.py SOCKET show                      one JSON object per server: state, check, sessions
+
+Servers are "backend/server". Exit 0 on success; 3 when sessions did not reach 0 in time (the servers
+stay drained and the caller decides).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import socket
+import sys
+import time
+
+
+def ask(path: str, command: str) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(command.encode() + b"\n")
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks).decode()
+
+
+def stats(path: str) -> dict[str, dict[str, str]]:
+    """backend/server -> haproxy's stat row (scur: current sessions, status, check_status, ...)."""
+    text = ask(path, "show stat").lstrip("# ")
+    rows = csv.DictReader(io.StringIO(text))
+    return {f"{r['pxname']}/{r['svname']}": r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND")}
+
+
+def _set(path: str, servers: list[str], state: str) -> None:
+    for server in servers:
+        answer = ask(path, f"set server {server} state {state}").strip()
+        if answer:  # haproxy answers nothing on success
+            sys.exit(f"haproxy refused 'set server {server} state {state}': {answer}")
+
+
+def drain(path: str, timeout: float, servers: list[str]) -> int:
+    _set(path, servers, "drain")
+    t0 = time.monotonic()
+    while True:
+        now = stats(path)
+        missing = [s for s in servers if s not in now]
+        if missing:
+            sys.exit(f"haproxy has no server {', '.join(missing)}")
+        busy = {s: int(now[s]["scur"] or 0) for s in servers if int(now[s]["scur"] or 0)}
+        if not busy:
+            print(json.dumps({"drained": servers, "waited_s": round(time.monotonic() - t0, 2)}))
+            return 0
+        if time.monotonic() - t0 > timeout:
+            print(json.dumps({"drained": servers, "busy": busy, "waited_s": round(timeout, 2)}))
+            return 3
+        time.sleep(0.2)
+
+
+def show(path: str) -> int:
+    for name, r in sorted(stats(path).items()):
+        print(json.dumps({"server": name, "status": r["status"], "check": r.get("check_status", ""),
+                          "sessions": int(r["scur"] or 0), "total": int(r["stot"] or 0)}))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        sys.exit(__doc__)
+    path, cmd, rest = argv[0], argv[1], argv[2:]
+    if cmd == "drain" and len(rest) >= 2:
+        return drain(path, float(rest[0]), rest[1:])
+    if cmd == "ready" and rest:
+        _set(path, rest, "ready")
+        return 0
+    if cmd == "show":
+        return show(path)
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
