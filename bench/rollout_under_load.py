@@ -43,7 +43,7 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
     return out
 
 
-def one(inv: Path, drain: bool, seqs: int, rate: float) -> tuple[dict, dict, float]:
+def one(inv: Path, drain: bool, seqs: int, rate: float, tokens: int) -> tuple[dict, dict, float]:
     from fleet.load import Load, summary
 
     over = {"flags": {"host": "0.0.0.0", "shutdown_timeout": 30 if drain else 0}}
@@ -53,7 +53,7 @@ def one(inv: Path, drain: bool, seqs: int, rate: float) -> tuple[dict, dict, flo
     time.sleep(5)  # haproxy's checks see every server up
     inv.write_text(INVENTORY.format(over={"flags": {**over["flags"], "max_num_seqs": seqs}}, lb=lb))
     load = Load("http://10.77.7.2:8080", "tiny-llama", os.environ["VLLM_API_KEY"], rate_per_s=rate,
-                max_s=900).start()
+                max_s=900, max_tokens=tokens).start()
     time.sleep(15)
     began = load.mark()
     t0 = time.monotonic()
@@ -71,6 +71,7 @@ def one(inv: Path, drain: bool, seqs: int, rate: float) -> tuple[dict, dict, flo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second through haproxy")
+    ap.add_argument("--tokens", type=int, default=8, help="tokens per completion (longer: more in flight)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from fleet import lab
@@ -78,9 +79,11 @@ def main() -> int:
     lab.up(3, plain=2, log=lambda _: None)
     with tempfile.TemporaryDirectory() as tmp:
         inv = Path(tmp) / "lab_lb.py"
-        results = {"draining on": one(inv, True, 6, args.rate), "draining off": one(inv, False, 7, args.rate)}
+        results = {"draining on": one(inv, True, 6, args.rate, args.tokens),
+                   "draining off": one(inv, False, 7, args.rate, args.tokens)}
         inv.write_text(INVENTORY.format(over={}, lb={"port": 8080}))
-    print(f"\nrollout of 3 hosts (canary 1, waves of 1) under {args.rate:g} completions/s through haproxy:")
+    print(f"\nrollout of 3 hosts (canary 1, waves of 1) under {args.rate:g} completions/s of {args.tokens} "
+          "tokens through haproxy:")
     print(f"  {'':<14} {'when':<22} {'sent':>6} {'failed':>7} {'p50 ms':>8} {'p99 ms':>8}")
     for label, (before, during, took) in results.items():
         for when, s in (("before", before), (f"during ({took:.0f} s)", during)):

@@ -8,7 +8,9 @@ Runs ON the load-balancer host (stdlib only, Python >= 3.9), uploaded by deploys
     lbctl.py SOCKET ready SERVER...           set ready (haproxy sends traffic once its check passes)
     lbctl.py SOCKET show                      one JSON object per server: state, check, sessions
 
-Servers are "backend/server". Exit 0 on success; 3 when sessions did not reach 0 in time (the servers
+Servers are "backend/server". A server haproxy does not have (a balancer not deployed yet, or not yet
+listing it) gets no traffic from it: it is skipped and named under "unknown", not an error. drain and
+ready print one JSON object. Exit 0 on success; 3 when sessions did not reach 0 in time (the servers
 stay drained and the caller decides).
 """
 
@@ -43,6 +45,14 @@ def stats(path: str) -> dict[str, dict[str, str]]:
     return {f"{r['pxname']}/{r['svname']}": r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND")}
 
 
+def _known(path: str, servers: list[str]) -> tuple[list[str], list[str]]:
+    try:
+        have = stats(path)
+    except OSError:  # no socket: haproxy is not running this config
+        return [], servers
+    return [s for s in servers if s in have], [s for s in servers if s not in have]
+
+
 def _set(path: str, servers: list[str], state: str) -> None:
     for server in servers:
         answer = ask(path, f"set server {server} state {state}").strip()
@@ -51,21 +61,24 @@ def _set(path: str, servers: list[str], state: str) -> None:
 
 
 def drain(path: str, timeout: float, servers: list[str]) -> int:
+    servers, unknown = _known(path, servers)
     _set(path, servers, "drain")
     t0 = time.monotonic()
     while True:
-        now = stats(path)
-        missing = [s for s in servers if s not in now]
-        if missing:
-            sys.exit(f"haproxy has no server {', '.join(missing)}")
+        now = stats(path) if servers else {}
         busy = {s: int(now[s]["scur"] or 0) for s in servers if int(now[s]["scur"] or 0)}
-        if not busy:
-            print(json.dumps({"drained": servers, "waited_s": round(time.monotonic() - t0, 2)}))
-            return 0
-        if time.monotonic() - t0 > timeout:
-            print(json.dumps({"drained": servers, "busy": busy, "waited_s": round(timeout, 2)}))
-            return 3
+        if not busy or time.monotonic() - t0 > timeout:
+            print(json.dumps({"drained": servers, "unknown": unknown, "busy": busy,
+                              "waited_s": round(time.monotonic() - t0, 2)}))
+            return 3 if busy else 0
         time.sleep(0.2)
+
+
+def ready(path: str, servers: list[str]) -> int:
+    servers, unknown = _known(path, servers)
+    _set(path, servers, "ready")
+    print(json.dumps({"ready": servers, "unknown": unknown}))
+    return 0
 
 
 def show(path: str) -> int:
@@ -82,8 +95,7 @@ def main(argv: list[str]) -> int:
     if cmd == "drain" and len(rest) >= 2:
         return drain(path, float(rest[0]), rest[1:])
     if cmd == "ready" and rest:
-        _set(path, rest, "ready")
-        return 0
+        return ready(path, rest)
     if cmd == "show":
         return show(path)
     sys.exit(__doc__)

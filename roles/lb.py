@@ -64,16 +64,27 @@ def _lb_host(b: core.Balancer):
     return lb_host
 
 
-def _lbctl(b: core.Balancer, *args: str) -> str:
+def _lbctl(b: core.Balancer, *args: str) -> dict:
+    """lbctl on the balancer; a balancer not deployed yet (no lbctl, or servers it does not list) sends
+    these servers no traffic, which is said, not refused: deploys/lb.py adds them."""
     lb_host = _lb_host(b)
     problem = remote.login_problem_of(lb_host)
     if problem:
         raise LbError(problem)
-    ok, out = remote.run(" ".join(["python3", LBCTL, SOCKET, *args]), on=lb_host)
-    if not ok:
+    ok, out = remote.run(f"test -x {LBCTL} || exit 0; " + " ".join(["python3", LBCTL, SOCKET, *args]),
+                         on=lb_host)
+    if not ok and not out.stdout.strip():
         raise LbError(f"{host.name}: load balancer {b.host}: lbctl {args[0]} failed: "
                       f"{out.output.strip()[-400:] or 'no output'}")
-    return out.stdout
+    lines = out.stdout.strip().splitlines()
+    if args[0] == "show":
+        return {"rows": [json.loads(line) for line in lines]}
+    servers = list(args[1:] if args[0] == "ready" else args[2:])
+    found = json.loads(lines[-1]) if lines else {"drained": [], "ready": [], "busy": {}, "unknown": servers}
+    if found.get("unknown"):
+        logger.warning(f"[{host.name}] load balancer {b.host} does not list {', '.join(found['unknown'])} "
+                       "yet (deploys/lb.py adds it): no traffic goes there")
+    return found
 
 
 def drain() -> None:
@@ -81,34 +92,18 @@ def drain() -> None:
     then the restart goes ahead and vLLM's own --shutdown-timeout finishes what is still in flight)."""
     for b, servers in fronting(host.name):
         names = [f"{core.BACKEND}/{s.name}" for s in servers]
-        if not _knows(b, names):
-            continue
-        out = _lbctl(b, "drain", str(b.spec.drain_timeout_s), *names)
-        waited = json.loads(out.strip().splitlines()[-1])
-        busy = waited.get("busy")
-        logger.info(f"[{host.name}] drained in {b.host} after {waited['waited_s']} s"
-                    + (f"; still busy after the bound: {busy}" if busy else ""))
+        waited = _lbctl(b, "drain", str(b.spec.drain_timeout_s), *names)
+        if waited["drained"]:
+            logger.info(f"[{host.name}] drained in {b.host} after {waited['waited_s']} s"
+                        + (f"; still busy after the bound: {waited['busy']}" if waited["busy"] else ""))
 
 
 def ready() -> None:
+    """After a passing smoke test: back in rotation (also a host a failed change left drained)."""
     for b, servers in fronting(host.name):
-        names = [f"{core.BACKEND}/{s.name}" for s in servers]
-        if _knows(b, names):
-            _lbctl(b, "ready", *names)
-            logger.info(f"[{host.name}] ready again in {b.host}")
-
-
-def _knows(b: core.Balancer, names: list[str]) -> bool:
-    """A load balancer not deployed yet (or not yet listing these servers) sends them no traffic:
-    nothing to drain. Said, not refused: `deploys/lb.py` in the same or a later run adds them."""
-    lb_host = _lb_host(b)
-    ok, out = remote.run(f"test -S {SOCKET} && python3 {LBCTL} {SOCKET} show", on=lb_host)
-    known = {json.loads(line)["server"] for line in out.stdout_lines} if ok else set()
-    missing = [n for n in names if n not in known]
-    if missing:
-        logger.warning(f"[{host.name}] load balancer {b.host} does not list {', '.join(missing)} yet "
-                       "(deploys/lb.py adds it): no traffic to drain there")
-    return not missing
+        done = _lbctl(b, "ready", *[f"{core.BACKEND}/{s.name}" for s in servers])
+        if done["ready"]:
+            logger.info(f"[{host.name}] ready in {b.host}")
 
 
 def drain_op() -> None:
@@ -130,8 +125,7 @@ def server_states() -> list[tuple[str, ...]]:
         mine = {f"{core.BACKEND}/{s.name}" for s in b.servers_of(host.name)}
         if not mine:
             continue
-        for line in _lbctl(b, "show").splitlines():
-            r = json.loads(line)
+        for r in _lbctl(b, "show")["rows"]:
             if r["server"] in mine:
                 rows.append((b.host, r["server"], r["status"], r["check"], str(r["sessions"])))
     return rows

@@ -90,10 +90,11 @@ def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str
     if args.get("_sudo_user") not in (None, "", "root"):
         return (f"{name}: _sudo_user: {args['_sudo_user']!r}: the vLLM deploy needs root; leave "
                 "_sudo_user unset")
-    if args.get("_sudo_password"):
-        return (f"{name}: _sudo_password: refused: pyinfra passes a sudo password to every command in the "
-                "argv of `env`, where every user of the host (the vllm user included) can read it with "
-                f"ps; give the login passwordless sudo instead: {fix}")
+    for key in ("_sudo_password", "_use_sudo_password"):  # the second: pyinfra 2's prompt switch
+        if args.get(key):
+            return (f"{name}: {key}: refused: pyinfra passes a sudo password to every command in the "
+                    "argv of `env`, where every user of the host (the vllm user included) can read it "
+                    f"with ps; give the login passwordless sudo instead: {fix}")
     if login["uid"] == 0:
         return None
     if not args.get("_sudo"):
@@ -122,7 +123,8 @@ def login_problem_of(on=None) -> str | None:
         login = h.get_fact(LoginAccess, _sudo=False)
         if not login:
             return f"{h.name}: could not read the login's identity (see above)"
-        problem = login_problem(h.name, login, connector_arguments(h))
+        args = {**connector_arguments(h), "_use_sudo_password": h.data.get("_use_sudo_password")}
+        problem = login_problem(h.name, login, args)
         if problem:
             return problem
         _LOGINS[h.name] = login

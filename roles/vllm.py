@@ -174,7 +174,7 @@ def deploy_vllm() -> None:
             raise Refused(f"refused, nothing was changed:\n  {host.name}: its load balancer: {problem}")
     drained: list[bool] = []
 
-    def drain_once() -> None:
+    def drain_once() -> None:  # before the first restart of this host (several instances, one drain)
         if not drained:
             lb.drain_op()
             drained.append(True)
@@ -190,8 +190,8 @@ def deploy_vllm() -> None:
     node = _NODES.get(host.name)
     verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
               had_state=bool(vh["state"]))
-    if drained:
-        lb.ready_op()  # only after the smoke test passed: a host that fails stays drained
+    # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
+    lb.ready_op()
 
 
 _ROWS: list = []

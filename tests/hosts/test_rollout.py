@@ -212,3 +212,21 @@ def test_a_restart_lets_a_streaming_request_finish(balanced):
     # and it really was in flight when the unit was stopped: vLLM says it waited for it
     log = on("lab1", "journalctl -u vllm-default -n 900 --no-pager -o cat | grep -F '[shutdown]' | tail -20")
     assert "draining in-flight requests count=1" in log, log
+
+
+def test_a_host_whose_change_fails_stays_drained_until_a_deploy_passes(balanced):
+    bad = {**BEHIND, "lab2": {"flags": {"host": "0.0.0.0"},
+                              "model": {"path": None, "host_path": "/var/lib/vllm/models/not-there"}}}
+    run = deploy(overrides=bad, limit="lab2")
+    assert run.rc != 0 and "lab2: change failed and was rolled back" in run.output, run.output[-3000:]
+    assert "drained in lab7" in run.output
+    assert lb_servers()["vllm/lab2-default"]["status"].startswith("DRAIN"), lb_servers()
+    assert [r["status"] for n, r in sorted(lb_servers().items()) if n != "vllm/lab2-default"] == ["UP", "UP"]
+    good = deploy(overrides=BEHIND, limit="lab2")  # nothing to change: the smoke test passes, back in
+    assert good.rc == 0, good.output[-3000:]
+    assert "ready in lab7" in good.output
+    for _ in range(20):
+        if lb_servers()["vllm/lab2-default"]["status"] == "UP":
+            break
+        time.sleep(1)
+    assert lb_servers()["vllm/lab2-default"]["status"] == "UP", lb_servers()
