@@ -6,7 +6,8 @@ Runs ON the load-balancer host (stdlib only, Python >= 3.9), uploaded by deploys
 
     lbctl.py SOCKET drain SECONDS SERVER...   set drain; wait (bounded) until none has a session
     lbctl.py SOCKET ready SERVER...           set ready (haproxy sends traffic once its check passes)
-    lbctl.py SOCKET show                      one JSON object per server: state, check, sessions
+    lbctl.py SOCKET show                      one JSON object per server: state, admin state, check,
+                                              sessions
 
 Servers are "backend/server". A server haproxy does not have (a balancer not deployed yet, or not yet
 listing it) gets no traffic from it: it is skipped and named under "unknown", not an error. drain and
@@ -43,6 +44,19 @@ def stats(path: str) -> dict[str, dict[str, str]]:
     text = ask(path, "show stat").lstrip("# ")
     rows = csv.DictReader(io.StringIO(text))
     return {f"{r['pxname']}/{r['svname']}": r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND")}
+
+
+def admin_states(path: str) -> dict[str, str]:
+    """backend/server -> "ready", "drain" or "maint", what an operator or a rollout set (haproxy's
+    stat `status` shows DOWN instead while a check fails, whatever the admin state)."""
+    lines = [line for line in ask(path, "show servers state").splitlines()
+             if line.strip() and not line.startswith("#")]
+    out = {}
+    for line in lines[1:]:  # the first line is the format version
+        f = line.split()
+        adm = int(f[6])
+        out[f"{f[1]}/{f[3]}"] = "maint" if adm & 0x67 else "drain" if adm & 0x18 else "ready"
+    return out
 
 
 def _known(path: str, servers: list[str]) -> tuple[list[str], list[str]]:
@@ -82,9 +96,11 @@ def ready(path: str, servers: list[str]) -> int:
 
 
 def show(path: str) -> int:
+    admin = admin_states(path)
     for name, r in sorted(stats(path).items()):
-        print(json.dumps({"server": name, "status": r["status"], "check": r.get("check_status", ""),
-                          "sessions": int(r["scur"] or 0), "total": int(r["stot"] or 0)}))
+        print(json.dumps({"server": name, "status": r["status"], "admin": admin.get(name, "?"),
+                          "check": r.get("check_status", ""), "sessions": int(r["scur"] or 0),
+                          "total": int(r["stot"] or 0)}))
     return 0
 
 

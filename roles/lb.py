@@ -119,7 +119,8 @@ def ready_op() -> None:
 
 
 def server_states() -> list[tuple[str, ...]]:
-    """(load balancer, server, status, check, sessions) of this host's servers, for `vllm-fleet status`."""
+    """(load balancer, server, status, admin state, check, sessions) of this host's servers, for
+    `vllm-fleet status`."""
     rows = []
     for b in balancers().values():
         mine = {f"{core.BACKEND}/{s.name}" for s in b.servers_of(host.name)}
@@ -127,7 +128,7 @@ def server_states() -> list[tuple[str, ...]]:
             continue
         for r in _lbctl(b, "show")["rows"]:
             if r["server"] in mine:
-                rows.append((b.host, r["server"], r["status"], r["check"], str(r["sessions"])))
+                rows.append((b.host, r["server"], r["status"], r["admin"], r["check"], str(r["sessions"])))
     return rows
 
 

@@ -264,4 +264,5 @@ def _print_status() -> None:
     head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID")
     print("\n" + columns(head, sorted(_STATUS)) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))
     if _LB_STATUS:
-        print("\n" + columns(("BALANCER", "SERVER", "STATE", "CHECK", "SESSIONS"), sorted(_LB_STATUS)))
+        print("\n" + columns(("BALANCER", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
+                                  sorted(_LB_STATUS)))

@@ -183,7 +183,7 @@ def test_status_shows_each_server_in_the_load_balancer(balanced):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"{LB} ")]
     assert sorted(r[1] for r in rows) == [f"vllm/{h}-default" for h in HOSTS], proc.stdout[-2000:]
-    assert all(r[2] == "UP" for r in rows), rows
+    assert all(r[2] == "UP" and r[3] == "ready" for r in rows), rows
 
 
 def test_a_restart_lets_a_streaming_request_finish(balanced):
@@ -220,8 +220,9 @@ def test_a_host_whose_change_fails_stays_drained_until_a_deploy_passes(balanced)
     run = deploy(overrides=bad, limit="lab2")
     assert run.rc != 0 and "lab2: change failed and was rolled back" in run.output, run.output[-3000:]
     assert "drained in lab7" in run.output
-    assert lb_servers()["vllm/lab2-default"]["status"].startswith("DRAIN"), lb_servers()
-    assert [r["status"] for n, r in sorted(lb_servers().items()) if n != "vllm/lab2-default"] == ["UP", "UP"]
+    assert lb_servers()["vllm/lab2-default"]["admin"] == "drain", lb_servers()
+    assert [(r["status"], r["admin"]) for n, r in sorted(lb_servers().items()) if n != "vllm/lab2-default"] \
+        == [("UP", "ready"), ("UP", "ready")]
     good = deploy(overrides=BEHIND, limit="lab2")  # nothing to change: the smoke test passes, back in
     assert good.rc == 0, good.output[-3000:]
     assert "ready in lab7" in good.output
@@ -229,4 +230,5 @@ def test_a_host_whose_change_fails_stays_drained_until_a_deploy_passes(balanced)
         if lb_servers()["vllm/lab2-default"]["status"] == "UP":
             break
         time.sleep(1)
-    assert lb_servers()["vllm/lab2-default"]["status"] == "UP", lb_servers()
+    assert (lb_servers()["vllm/lab2-default"]["status"], lb_servers()["vllm/lab2-default"]["admin"]) == \
+        ("UP", "ready"), lb_servers()
