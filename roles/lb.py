@@ -57,7 +57,7 @@ def fronting(name: str) -> list[tuple[core.Balancer, list[core.Server]]]:
     return [(b, b.servers_of(name)) for b in balancers().values() if b.spec.drain and b.servers_of(name)]
 
 
-def _lb_host(b: core.Balancer):
+def balancer_host(b: core.Balancer):
     lb_host = inventory.get_host(b.host)
     if not lb_host.connected:
         lb_host.connect(reason="to drain its servers", raise_exceptions=True)
@@ -67,7 +67,7 @@ def _lb_host(b: core.Balancer):
 def _lbctl(b: core.Balancer, *args: str) -> dict:
     """lbctl on the balancer; a balancer not deployed yet (no lbctl, or servers it does not list) sends
     these servers no traffic, which is said, not refused: deploys/lb.py adds them."""
-    lb_host = _lb_host(b)
+    lb_host = balancer_host(b)
     problem = remote.login_problem_of(lb_host)
     if problem:
         raise LbError(problem)

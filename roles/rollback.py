@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.operations import python
 
-from roles import smoke
+from roles import lb, smoke
 from roles.facts import VllmHost
 from roles.vllm import Refused, plan_this_host, this_host
 
@@ -35,4 +35,6 @@ def rollback() -> None:
                       "(nothing was changed on any host)")
     plan, _ = plan_this_host(spec)
     smoke.register_report()
+    lb.drain_op()  # a rollback restarts too: out of rotation first, back only once it serves
     python.call(name=f"roll back to {state['previous'].get('release')}", function=_rollback, plan=plan)
+    lb.ready_op()

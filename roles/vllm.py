@@ -169,7 +169,7 @@ def deploy_vllm() -> None:
             install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml")
     install.switch(plan, vh["current"])
     for b, _ in lb.fronting(host.name):  # a load balancer that cannot drain us is refused up front
-        problem = remote.login_problem_of(lb._lb_host(b))
+        problem = remote.login_problem_of(lb.balancer_host(b))
         if problem:
             raise Refused(f"refused, nothing was changed:\n  {host.name}: its load balancer: {problem}")
     drained: list[bool] = []
