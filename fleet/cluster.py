@@ -72,11 +72,11 @@ def _same(spec: HostSpec) -> dict[str, object]:
         "version": spec.version,
         "accelerator": spec.accelerator,
         "variant": spec.variant,
-        "instances[0].model": inst.model.model_dump(),
-        "instances[0].flags": inst.flags.model_dump(),
-        "instances[0].env": inst.env,
-        "instances[0].gpus": inst.gpus,
-        "instances[0].name": inst.name,
+        "instances[*].model": inst.model.model_dump(),
+        "instances[*].flags": inst.flags.model_dump(),
+        "instances[*].env": inst.env,
+        "instances[*].gpus": inst.gpus,
+        "instances[*].name": inst.name,
         "cluster.split": spec.cluster.split if spec.cluster else None,
         "cluster.master_port": spec.cluster.master_port if spec.cluster else None,
     }
@@ -118,7 +118,8 @@ def resolve(specs: Mapping[str, HostSpec], ssh_hostnames: Mapping[str, str | Non
             got = _same(specs[node])
             for key, value in want.items():
                 if got[key] != value:
-                    problems.append(f"{node}: vllm.{key}: differs from the head {nodes[0]}'s; every node of "
+                    path = key.replace("[*]", f"[{specs[node].instances[0].name}]")
+                    problems.append(f"{node}: vllm.{path}: differs from the head {nodes[0]}'s; every node of "
                                     f"cluster '{cluster}' runs the same release, model and flags "
                                     f"(head: {value!r}, here: {got[key]!r})")
         addresses = []

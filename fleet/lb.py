@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from fleet.spec import HostSpec, SpecError
+from fleet.spec import STRICT, HostSpec, Seq, SpecError, hint_unknown, problem_lines
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # haproxy's environment variable holding the instances' key (from its 0600 EnvironmentFile)
@@ -27,20 +27,22 @@ BACKEND = "vllm"
 
 
 class LbSpec(BaseModel):
-    """`vllm_lb` host data: this host runs haproxy in front of vLLM instances."""
+    """`vllm_lb` host data: this host runs haproxy in front of vLLM instances. Strict types, as `vllm`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     # where clients connect
     bind: str = Field("0.0.0.0", pattern=r"^[0-9a-fA-F.:]+$")
     port: int = Field(8080, ge=1, le=65535)
     # the vLLM hosts behind it (inventory names); None: every vLLM host of the inventory
-    hosts: list[str] | None = None
+    hosts: Seq[str] | None = None
     check_interval_s: int = Field(2, ge=1, le=60)
     # a rollout waits this long for a drained server's sessions to reach 0 before restarting it
     drain_timeout_s: int = Field(120, ge=1, le=3600)
     # draining around restarts; off only to measure what clients see without it
     drain: bool = True
+
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,7 @@ def parse_lb(host: str, data: Mapping[str, Any]) -> LbSpec:
     try:
         return LbSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError([f"{host}: vllm_lb.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-                         for err in e.errors()]) from None
+        raise SpecError(problem_lines(host, "vllm_lb", e)) from None
 
 
 def balancers(lbs: Mapping[str, Mapping[str, Any]], specs: Mapping[str, HostSpec],

@@ -4,19 +4,33 @@ A host's `vllm` data (plain dicts from inventory.py / group_data) is deep-merged
 (usually group_data/all.py), then validated here. Every error names the host and the field path, and
 says what is allowed, so a typo in a 50-host inventory is found on the controller in milliseconds instead
 of as a crash loop on a GPU server minutes later.
+
+The inventory is Python, so values are taken at their Python type (strict mode): `"8000"` is not a port
+and `1` is not `True`. The one widening is that a tuple is accepted wherever a list is (`Seq`), because
+Python inventories write both. docs/inventory.md#types has the rule and an example message.
 """
 
 from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from fleet.flags import ServeFlags
+from fleet.flags import Seq, ServeFlags
 
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
@@ -26,8 +40,13 @@ INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "VLLM_HOST_IP", "HOME", "HF_HOME",
                 "VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY", "HF_TOKEN"}
 
+# Every inventory model: unknown keys refused, values at their own Python type (an int for a float is
+# the one conversion strict mode makes, and it loses nothing).
+STRICT = ConfigDict(extra="forbid", strict=True)
 
-def _hint_unknown(cls: type[BaseModel], data: Any) -> Any:
+
+
+def hint_unknown(cls: type[BaseModel], data: Any) -> Any:
     """Unknown keys get the closest valid names, like ServeFlags does for flags."""
     if isinstance(data, dict):
         for key in data:
@@ -36,6 +55,14 @@ def _hint_unknown(cls: type[BaseModel], data: Any) -> Any:
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ValueError(f"@{key}: not a known key{hint} (allowed: {', '.join(cls.model_fields)})")
     return data
+
+
+def instance_labels(names: Sequence[object]) -> list[str]:
+    """How field paths name instance i: by its name, as the planner and the operator do, unless the name
+    is not a valid one or is used twice (then only the index says which instance is meant)."""
+    counts = Counter(n for n in names if isinstance(n, str))
+    return [n if isinstance(n, str) and re.fullmatch(INSTANCE_NAME, n) and counts[n] == 1 else str(i)
+            for i, n in enumerate(names)]
 
 
 class SpecError(ValueError):
@@ -53,7 +80,7 @@ class ModelSpec(BaseModel):
     host_path: already on the host. hf_repo: downloaded by vLLM on the host (needs a route to the hub).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     path: str | None = None
@@ -61,7 +88,7 @@ class ModelSpec(BaseModel):
     hf_repo: str | None = Field(None, pattern=r"^[\w.-]+/[\w.-]+$")
     revision: str | None = None
 
-    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -76,12 +103,12 @@ class ModelSpec(BaseModel):
 class InstanceSpec(BaseModel):
     """One `vllm serve` process: its own unit, config, env file and GPUs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     name: str = Field("default", pattern=INSTANCE_NAME)
     model: ModelSpec
     # GPUs this instance gets: a count (the first N free ones) or explicit indexes; None = all of them.
-    gpus: Annotated[int, Field(ge=1, le=64)] | Annotated[list[Annotated[int, Field(ge=0, le=63)]],
+    gpus: Annotated[int, Field(ge=1, le=64)] | Annotated[Seq[Annotated[int, Field(ge=0, le=63)]],
                                                           Field(min_length=1)] | None = None
     flags: ServeFlags = Field(default_factory=ServeFlags)
     # None: no key at all (refused on a non-loopback bind unless port_protected_elsewhere).
@@ -94,7 +121,7 @@ class InstanceSpec(BaseModel):
     # CPU hosts: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: int = Field(1, ge=1, le=4096)
 
-    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
 
     @field_validator("gpus")
     @classmethod
@@ -130,10 +157,10 @@ class ClusterSpec(BaseModel):
     it runs the API server and rank 0; the others run `--headless` workers.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     name: str = Field(pattern=INSTANCE_NAME)
-    nodes: list[str] = Field(min_length=2, max_length=1024)
+    nodes: Seq[str] = Field(min_length=2, max_length=1024)
     # pipeline: one pipeline stage per node, tensor-parallel over the node's GPUs (vLLM's advice);
     # tensor: one tensor-parallel group over every node's GPUs (needs a fast interconnect).
     split: Literal["pipeline", "tensor"] = "pipeline"
@@ -142,7 +169,7 @@ class ClusterSpec(BaseModel):
     # torch.distributed's store on the head (no authentication: reachable from cluster addresses only).
     master_port: int = Field(29501, ge=1024, le=65_535)
 
-    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
 
     @field_validator("nodes")
     @classmethod
@@ -163,7 +190,7 @@ class ClusterSpec(BaseModel):
 
 
 class HostSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     version: str = Field("0.32.0", pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$")
     accelerator: Literal["cuda", "cpu"] = "cuda"
@@ -174,23 +201,24 @@ class HostSpec(BaseModel):
     install_source: Literal["cache", "registry"] = "cache"
     keep_releases: int = Field(3, ge=2, le=20)
     ready_timeout_s: int = Field(600, ge=10, le=7200)
-    instances: list[InstanceSpec] = Field(min_length=1)
+    instances: Seq[InstanceSpec] = Field(min_length=1)
     cluster: ClusterSpec | None = None
 
-    _known = model_validator(mode="before")(classmethod(_hint_unknown))
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
 
     @model_validator(mode="after")
     def _instances_disjoint(self) -> HostSpec:
         seen_names: set[str] = set()
         seen_ports: dict[int, str] = {}
-        for i, inst in enumerate(self.instances):
+        labels = instance_labels([inst.name for inst in self.instances])
+        for inst, label in zip(self.instances, labels, strict=True):
             if inst.name in seen_names:
-                raise ValueError(f"@instances[{i}].name: '{inst.name}' is used twice on this host")
+                raise ValueError(f"@instances[{label}].name: '{inst.name}' is used twice on this host")
             seen_names.add(inst.name)
             port = inst.flags.port
             if port in seen_ports:
                 raise ValueError(
-                    f"@instances[{i}].flags.port: {port} is already used by instance '{seen_ports[port]}'"
+                    f"@instances[{label}].flags.port: {port} is already used by instance '{seen_ports[port]}'"
                 )
             seen_ports[port] = inst.name
         if self.cluster and len(self.instances) > 1:
@@ -210,24 +238,148 @@ _UNION_TAG = re.compile(r"^(constrained-\w+|list\[.*|dict\[.*|int|str|float|bool
                         r"union\[.*|literal\[.*)$")
 
 
-def _path(loc: Iterable[Any]) -> str:
-    """pydantic's location as a field path; union member tags (gpus.constrained-int) are not fields."""
-    s = ""
-    for part in loc:
+def _path(loc: Iterable[Any], labels: Sequence[str] = ()) -> tuple[str, str | None]:
+    """pydantic's location as a field path, and the path of the union it went through, if any.
+
+    Union member tags (gpus.constrained-int) are not fields; instance i is named by labels[i].
+    """
+    parts = list(loc)
+    s, union_at = "", None
+    for i, part in enumerate(parts):
         if isinstance(part, str) and _UNION_TAG.match(part):
+            union_at = s if union_at is None else union_at
             continue
         if isinstance(part, int):
-            s += f"[{part}]"
+            top_instance = i == 1 and parts[0] == "instances" and part < len(labels)
+            s += f"[{labels[part] if top_instance else part}]"
         else:
             s += ("." if s else "") + str(part)
-    return s
+    return s, union_at
 
 
-def _message(err: Mapping[str, Any]) -> str:
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "literal_error":
-        msg = f"{err['input']!r} is not allowed; allowed: {err['ctx']['expected']}"
-    return msg
+# pydantic's type errors as the type the field wanted; the lax ones (int_parsing) too, so that a model
+# without strict mode still reads the same.
+_EXPECTED = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number",
+    "bool_type": "a boolean", "bool_parsing": "a boolean",
+    "string_type": "a string", "list_type": "a list",
+    "dict_type": "a dict", "model_type": "a dict", "model_attributes_type": "a dict",
+}
+# A value under such a key may be a secret: its type is named, never the value.
+_SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+def _given(value: Any, secret: bool = False) -> str:
+    """The value as the operator wrote it, with its Python type: '8000' (str)."""
+    kind = type(value).__name__
+    if secret:
+        return f"the value ({kind})"
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{text if len(text) <= 40 else text[:36] + ' ...'} ({kind})"
+
+
+def _meant(value: Any, expected: str) -> str | None:
+    """What the operator most likely meant, only where that is unambiguous."""
+    if expected == "an integer":
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            return str(int(value))
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+    elif expected == "a number":
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", value):
+            return value.strip()
+    elif expected == "a boolean":
+        word = str(value).strip().lower() if isinstance(value, str | int) else None
+        if word in ("true", "yes", "on", "1"):
+            return "True"
+        if word in ("false", "no", "off", "0"):
+            return "False"
+    elif expected == "a string" and isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(str(value))
+    elif expected == "a string" and isinstance(value, os.PathLike):
+        return repr(os.fspath(value))
+    return None
+
+
+def _english_or(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+@dataclass(frozen=True)
+class _WrongType:
+    """A type refusal; the members of a union field (gpus: an int or a list) join into one sentence."""
+
+    given: str
+    expected: str
+    meant: str | None
+
+
+def _literal(value: Any, expected: str) -> str:
+    """A choice refused: the allowed values, and the one probably meant (16 for '16', a near spelling)."""
+    options = re.split(r", | or ", expected)
+    quoted = all(o.startswith("'") for o in options)
+    given = repr(value) if isinstance(value, str) == quoted else _given(value)
+    msg = f"{given} is not allowed; allowed: {expected}"
+    text = value.strip() if isinstance(value, str) else repr(str(value))
+    if text in options:
+        return f"{msg}; write {text}"
+    close = difflib.get_close_matches(repr(value), options, n=1, cutoff=0.6) if isinstance(value, str) else []
+    return f"{msg}; did you mean {close[0]}?" if close else msg
+
+
+def _message(err: Mapping[str, Any]) -> str | _WrongType:
+    kind = err["type"]
+    if kind in _EXPECTED:
+        value = err["input"]
+        last = next((p for p in reversed(err["loc"]) if isinstance(p, str) and not _UNION_TAG.match(p)), "")
+        secret = bool(_SECRET_KEY.search(last)) and not last.endswith("_env")
+        expected = _EXPECTED[kind]
+        return _WrongType(_given(value, secret), expected, None if secret else _meant(value, expected))
+    if kind == "literal_error":
+        return _literal(err["input"], err["ctx"]["expected"])
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _joined(msgs: list[str | _WrongType]) -> str:
+    """One line per field: a union's type refusals as one sentence, other alternatives joined by 'or'."""
+    wrong = [m for m in msgs if isinstance(m, _WrongType)]
+    out = [m for m in msgs if isinstance(m, str)]
+    if wrong:
+        expected = list(dict.fromkeys(m.expected for m in wrong))
+        meant = next((m.meant for m in wrong if m.meant), None)
+        if meant is None and expected == ["a boolean"]:
+            meant = "True or False"
+        line = f"{wrong[0].given} is not {_english_or(expected)}"
+        out.insert(0, f"{line}; write {meant}" if meant else line)
+    return " or ".join(out)
+
+
+def problem_lines(host: str, root: str, error: ValidationError, labels: Sequence[str] = ()) -> list[str]:
+    """pydantic's errors as '<host>: <root>.<field path>: <what is wrong and what is allowed>' lines."""
+    found: list[tuple[str, str | None, str | _WrongType]] = []
+    for err in error.errors():
+        path, union_at = _path(err["loc"], labels)
+        msg = _message(err)
+        # a before-validator's error is placed at the model, not the key: the message names the key
+        m = re.match(r"^@([^:]+): (.*)$", msg, re.DOTALL) if isinstance(msg, str) else None
+        if m:
+            path = f"{path}.{m.group(1)}" if path else m.group(1)
+            msg = m.group(2)
+        found.append((path, union_at, msg))
+    # A union member that took the value's type (its error is deeper or not about the type) says what is
+    # wrong; the members that refused the type only add noise (gpus=[0, 99]: not "is not an integer").
+    typed = {u for p, u, msg in found if u is not None and (p != u or not isinstance(msg, _WrongType))}
+    by_path: dict[str, list[str | _WrongType]] = {}
+    for path, union_at, msg in found:
+        if union_at in typed and path == union_at and isinstance(msg, _WrongType):
+            continue
+        msgs = by_path.setdefault(path, [])
+        if msg not in msgs:
+            msgs.append(msg)
+    return [f"{host}: {root}{'.' + path if path else ''}: {_joined(msgs)}" for path, msgs in by_path.items()]
 
 
 def parse_host(host_name: str, data: Mapping[str, Any] | None,
@@ -235,42 +387,39 @@ def parse_host(host_name: str, data: Mapping[str, Any] | None,
     """Validate one host's data; raise SpecError with 'host: vllm.field.path: what is wrong' lines."""
     if data is None:
         raise SpecError([f"{host_name}: vllm: missing (not a vLLM host: parse_inventory leaves it out)"])
+    if not isinstance(data, Mapping):
+        raise SpecError([f"{host_name}: vllm: {_given(data)} is not a dict"])
+    if defaults is not None and not isinstance(defaults, Mapping):
+        raise SpecError([f"{host_name}: vllm_defaults: {_given(defaults)} is not a dict"])
     if not data:
         raise SpecError([f"{host_name}: vllm: empty (a vLLM host needs at least a model; a host that is not "
                          "a vLLM host has no vllm key at all)"])
     merged = deep_merge(defaults or {}, data)
-    allowed = list(HostSpec.model_fields) + list(InstanceSpec.model_fields)
+    host_keys, instance_keys = list(HostSpec.model_fields), list(InstanceSpec.model_fields)
+    unknown = []
     for key in merged:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=3, cutoff=0.6)
+        if key not in host_keys and key not in instance_keys:
+            close = difflib.get_close_matches(str(key), host_keys + instance_keys, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise SpecError([f"{host_name}: vllm.{key}: not a known key{hint}"])
+            unknown.append(f"{host_name}: vllm.{key}: not a known key{hint} (host keys: "
+                           f"{', '.join(host_keys)}; instance keys: {', '.join(instance_keys)})")
+    if unknown:
+        raise SpecError(unknown)
     # Instance-level keys at the top (model, flags, env, ...) are the one-instance shorthand, or, next to
     # `instances`, defaults that every instance inherits (group-wide flags in vllm_defaults).
     shared = {k: merged.pop(k) for k in list(merged) if k in InstanceSpec.model_fields}
     if "instances" not in merged:
         merged["instances"] = [shared] if shared else []
-    elif isinstance(merged["instances"], list):
+    elif isinstance(merged["instances"], list | tuple):
         merged["instances"] = [deep_merge(shared, i) if isinstance(i, Mapping) else i
                                for i in merged["instances"]]
+    instances = merged["instances"]
+    names = [i.get("name", "default") if isinstance(i, Mapping) else None
+             for i in (instances if isinstance(instances, list) else [])]
     try:
         return HostSpec.model_validate(merged)
     except ValidationError as e:
-        by_path: dict[str, list[str]] = {}
-        for err in e.errors():
-            loc = list(err["loc"])
-            # pydantic puts a before-validator's error at the model, not the key: name the key ourselves.
-            msg = _message(err)
-            m = re.match(r"^@([^:]+): (.*)$", msg)
-            if m:
-                loc.append(m.group(1))
-                msg = m.group(2)
-            msgs = by_path.setdefault(_path(loc), [])
-            if msg not in msgs:
-                msgs.append(msg)
-        # a union field fails once per member: one line, alternatives joined
-        problems = [f"{host_name}: vllm.{path}: {' or '.join(msgs)}" for path, msgs in by_path.items()]
-        raise SpecError(problems) from None
+        raise SpecError(problem_lines(host_name, "vllm", e, instance_labels(names))) from None
 
 
 def is_vllm_host(data: Mapping[str, Any] | None) -> bool:

@@ -82,9 +82,9 @@ def test_release_mismatch_across_nodes_is_refused_naming_the_node() -> None:
 
 
 @pytest.mark.parametrize(("field", "over"), [
-    ("instances[0].flags", {"flags": {"max_model_len": 4096}}),
-    ("instances[0].model", {"model": {"name": "other", "host_path": "/srv/models/other"}}),
-    ("instances[0].env", {"env": {"NCCL_DEBUG": "INFO"}}),
+    ("instances[default].flags", {"flags": {"max_model_len": 4096}}),
+    ("instances[default].model", {"model": {"name": "other", "host_path": "/srv/models/other"}}),
+    ("instances[default].env", {"env": {"NCCL_DEBUG": "INFO"}}),
 ])
 def test_every_node_runs_the_same_model_and_flags(field: str, over: dict) -> None:
     s = specs(**{"gpu-b": node_data("gpu-b", **over)})
@@ -124,7 +124,7 @@ def test_schema_refusals_name_the_field() -> None:
     assert "a cluster node runs one instance" in e.value.problems[0]
     with pytest.raises(SpecError) as e:
         parse_host("gpu-a", {"model": M, "flags": {"node_rank": 1}})
-    assert e.value.problems[0].startswith("gpu-a: vllm.instances[0].flags.node_rank: set by vllm-fleet")
+    assert e.value.problems[0].startswith("gpu-a: vllm.instances[default].flags.node_rank: set by vllm-fleet")
 
 
 # --- the plan: flags, environment, unit -----------------------------------------------------------------

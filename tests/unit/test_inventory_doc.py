@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from fleet.flags import ServeFlags
-from fleet.spec import HostSpec, InstanceSpec
+from fleet.spec import ClusterSpec, HostSpec, InstanceSpec, ModelSpec, SpecError, parse_host
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "inventory.md").read_text()
 
 
-@pytest.mark.parametrize("model", [HostSpec, InstanceSpec, ServeFlags])
+@pytest.mark.parametrize("model", [HostSpec, InstanceSpec, ModelSpec, ClusterSpec, ServeFlags])
 def test_every_key_is_documented(model):
     missing = [k for k in model.model_fields if f"`{k}`" not in DOC]
     assert missing == []
@@ -24,3 +24,13 @@ def test_seed_defaults_in_the_doc_match_the_schema():
     for row in ("| `gpu_memory_utilization` | `0.90` |", "| `max_num_seqs` | `256` |",
                 '| `host` | `"127.0.0.1"` |', "| `port` | `8000` |"):
         assert row in DOC
+
+
+def test_the_types_example_is_the_real_message():
+    example = ("gpu-01: vllm.instances[chat].port_protected_elsewhere: 'yes' (str) is not a boolean; "
+               "write True")
+    assert f"\n{example}\n" in DOC
+    with pytest.raises(SpecError) as e:
+        parse_host("gpu-01", {"instances": [{"name": "chat", "model": {"name": "m", "path": "/m"},
+                                             "gpus": (0, 1), "port_protected_elsewhere": "yes"}]})
+    assert e.value.problems == [example]

@@ -36,13 +36,23 @@ def test_a_loopback_instance_cannot_be_balanced():
 @pytest.mark.parametrize(("data", "words"), [
     ({"hosts": ["nope"]}, "vllm_lb.hosts: not vLLM hosts of this inventory: nope"),
     ({"port": 0}, "vllm_lb.port"),
-    ({"prot": 80}, "vllm_lb.prot"),
-    ({"drain_timeout_s": "soon"}, "vllm_lb.drain_timeout_s"),
+    ({"drain_timeout_s": "soon"}, "vllm_lb.drain_timeout_s: 'soon' (str) is not an integer"),
+    ({"prot": 80}, "vllm_lb.prot: not a known key; did you mean port?"),
+    ({"port": "8080"}, "vllm_lb.port: '8080' (str) is not an integer; write 8080"),
+    ({"drain": "yes"}, "vllm_lb.drain: 'yes' (str) is not a boolean; write True"),
+    ({"check_interval_s": True}, "vllm_lb.check_interval_s: True (bool) is not an integer"),
+    ({"hosts": "a"}, "vllm_lb.hosts: 'a' (str) is not a list"),
+    ("a", "vllm_lb: 'a' (str) is not a dict"),
 ])
 def test_bad_lb_data_names_the_host_and_field(data, words):
     with pytest.raises(SpecError) as e:
         lb.balancers({"lb-01": data}, specs(a={**NET}), {})
     assert any(p.startswith("lb-01: ") and words in p for p in e.value.problems), e.value.problems
+
+
+def test_lb_hosts_may_be_a_tuple():
+    b = lb.balancers({"lb": {"hosts": ("a",)}}, specs(a={**NET}, b={**NET}), {})["lb"]
+    assert b.spec.hosts == ["a"] and [x.host for x in b.servers] == ["a"]
 
 
 def test_one_balancer_serves_one_model_with_one_key():

@@ -5,11 +5,20 @@ from __future__ import annotations
 import copy
 import re
 import traceback
+from pathlib import PurePosixPath
 
 import pytest
 from bad_inventories import ACCEPTED_BUT_BAD, BAD_HOSTS, M
 
-from fleet.spec import HostSpec, SpecError, deep_merge, is_vllm_host, parse_host, parse_inventory
+from fleet.spec import (
+    HostSpec,
+    SpecError,
+    deep_merge,
+    instance_labels,
+    is_vllm_host,
+    parse_host,
+    parse_inventory,
+)
 
 HOST = "gpu-07"
 
@@ -121,7 +130,7 @@ def test_several_hosts_reported_at_once() -> None:
         ])
     lines = e.value.problems
     assert len(lines) == 3
-    assert lines[0].startswith("gpu-01: vllm.instances[0].flags.max_num_seq: ")
+    assert lines[0].startswith("gpu-01: vllm.instances[default].flags.max_num_seq: ")
     assert lines[1].startswith("gpu-03: vllm.accelerator: ")
     assert lines[2].startswith("gpu-04: vllm: empty")
     assert not any(line.startswith("gpu-02") for line in lines)
@@ -178,9 +187,9 @@ def test_defaults_under_host_data() -> None:
 
 def test_defaults_validated_as_well() -> None:
     lines = problems_of({"model": M}, {"flags": {"swap_space": 4}})
-    assert lines == [f"{HOST}: vllm.instances[0].flags.swap_space: removed in vLLM 0.18 (no replacement "
-                     "flag); delete it from the inventory. For CPU offload see kv-offloading-size or "
-                     "cpu-offload-gb in extra_args"]
+    assert lines == [f"{HOST}: vllm.instances[default].flags.swap_space: removed in vLLM 0.18 (no "
+                     "replacement flag); delete it from the inventory. For CPU offload see "
+                     "kv-offloading-size or cpu-offload-gb in extra_args"]
 
 
 def test_default_flags_apply_to_every_instance() -> None:
@@ -243,3 +252,75 @@ def test_model_beside_instances_is_a_default_they_inherit() -> None:
 def test_typo_outside_flags_suggests_the_closest_name() -> None:
     lines = problems_of({"model": M, "api_key_evn": "X"})
     assert "api_key_env" in lines[0]
+
+
+# --- strict types (docs/inventory.md#types) ---------------------------------------------------------------
+def test_a_type_refusal_names_the_value_its_type_and_what_to_write() -> None:
+    assert problems_of({"model": M, "flags": {"port": "8000"}}) == [
+        f"{HOST}: vllm.instances[default].flags.port: '8000' (str) is not an integer; write 8000"]
+
+
+def test_tuples_are_accepted_for_every_list_field_and_stored_as_lists() -> None:
+    spec = parse_host(HOST, {"instances": ({"name": "a", "model": M, "gpus": (0, 1)},),
+                             "cluster": {"name": "big", "nodes": ("gpu-07", "gpu-08")}})
+    assert spec.instances[0].gpus == [0, 1]
+    assert spec.cluster is not None and spec.cluster.nodes == ["gpu-07", "gpu-08"]
+    assert isinstance(spec.instances, list)
+
+
+def test_an_int_is_accepted_for_a_float() -> None:
+    flags = parse_host(HOST, {"model": M, "flags": {"gpu_memory_utilization": 1}}).instances[0].flags
+    assert flags.gpu_memory_utilization == 1.0 and isinstance(flags.gpu_memory_utilization, float)
+
+
+def test_nested_plain_dicts_are_accepted() -> None:
+    spec = parse_host(HOST, {"model": {"name": "q", "hf_repo": "a/b"}, "flags": {"max_num_seqs": 8},
+                             "env": {"A": "1"}, "cluster": {"name": "big", "nodes": ["gpu-07", "gpu-08"]}})
+    assert spec.instances[0].model.hf_repo == "a/b" and spec.instances[0].flags.max_num_seqs == 8
+
+
+def test_a_path_object_is_not_a_string_but_the_message_says_what_to_write() -> None:
+    lines = problems_of({"model": {"name": "q", "path": PurePosixPath("/srv/q")}})
+    assert lines == [f"{HOST}: vllm.instances[default].model.path: PurePosixPath('/srv/q') (PurePosixPath) "
+                     "is not a string; write '/srv/q'"]
+
+
+def test_a_type_refusal_never_echoes_a_secret_looking_value() -> None:
+    lines = problems_of({"model": M, "env": {"DB_PASSWORD": 987654321}})
+    assert lines == [f"{HOST}: vllm.instances[default].env.DB_PASSWORD: the value (int) is not a string"]
+
+
+def test_union_members_that_refused_the_type_are_left_out() -> None:
+    # gpus is a count or a list: a list with one bad index is about that index, not "not an integer"
+    assert problems_of({"model": M, "gpus": [0, 99]}) == [
+        f"{HOST}: vllm.instances[default].gpus[1]: Input should be less than or equal to 63"]
+    assert problems_of({"model": M, "gpus": "two"}) == [
+        f"{HOST}: vllm.instances[default].gpus: 'two' (str) is not an integer or a list"]
+
+
+def test_vllm_data_that_is_not_a_dict_is_refused() -> None:
+    assert problems_of(["model"]) == [f"{HOST}: vllm: ['model'] (list) is not a dict"]  # type: ignore[arg-type]
+
+
+# --- field paths and unknown keys -------------------------------------------------------------------------
+def test_instances_are_named_in_paths_unless_the_name_cannot_say_which() -> None:
+    assert instance_labels(["chat", "default", "Big_One", 7, None, "a", "a"]) == [
+        "chat", "default", "2", "3", "4", "5", "6"]
+
+
+def test_every_unknown_key_is_reported_at_once_with_the_allowed_keys() -> None:
+    lines = problems_of({"model": M, "vlm": 1, "frobnicate": 2})
+    assert [line.split(": ", 2)[1] for line in lines] == ["vllm.vlm", "vllm.frobnicate"]
+    assert all("host keys: version" in line and "instance keys: name, model" in line for line in lines)
+
+
+@pytest.mark.parametrize("data", [
+    {"model": M, "gpu": 1},
+    {"model": M, "zzz": 1},
+    {"instances": [{"name": "chat", "model": M, "zzz": 1}]},
+    {"model": {"name": "q", "path": "/srv/q", "zzz": 1}},
+    {"model": M, "cluster": {"name": "big", "nodes": ["a", "b"], "zzz": 1}},
+], ids=["host-close", "host-none-close", "instance", "model", "cluster"])
+def test_every_not_a_known_key_line_lists_close_matches_or_allowed_keys(data: dict) -> None:
+    lines = [line for line in problems_of(data) if "not a known key" in line]
+    assert lines and all("did you mean" in line or "allowed" in line or "host keys" in line for line in lines)
