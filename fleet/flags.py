@@ -15,16 +15,29 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Scalar = str | int | float | bool
+T = TypeVar("T")
+
+
+def _tuple_as_list(v: Any) -> Any:
+    """Strict mode takes only lists for a list, but `gpus=(0, 1)` is as natural in Python as `[0, 1]`;
+    a tuple is accepted for list fields alone, and stored as a list so later code sees one type."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+# A list field: a list or a tuple, each item strictly a T.
+Seq = Annotated[list[T], BeforeValidator(_tuple_as_list)]
 
 
 def _meta(since: str = "0.8.0", removed: str | None = None, platforms: tuple[str, ...] = ("cuda", "cpu"),
-          planner: bool = False):
-    return {"since": since, "removed": removed, "platforms": list(platforms), "planner": planner}
+          planner: bool = False, negatable: bool = True):
+    """negatable: vLLM has `--no-<flag>` for it (a BooleanOptionalAction), so "off" can be said."""
+    return {"since": since, "removed": removed, "platforms": list(platforms), "planner": planner,
+            "negatable": negatable}
 
 
 def version_tuple(v: str) -> tuple[int, ...]:
@@ -40,7 +53,7 @@ SHUTDOWN_TIMEOUT_S = 30
 class ServeFlags(BaseModel):
     """Flags of one vLLM instance, as the operator may set them in the inventory (snake_case keys)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     # Filled by the planner from the instance's model spec, never by hand.
     model: str | None = Field(None, json_schema_extra=_meta())
@@ -80,10 +93,11 @@ class ServeFlags(BaseModel):
     master_addr: str | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True))
     master_port: int | None = Field(None, ge=1, le=65_535,
                                     json_schema_extra=_meta(since="0.12.0", planner=True))
-    headless: bool | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True))
+    headless: bool | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True,
+                                                                negatable=False))
     # Checked pass-through for flags without a typed field: long names only, values scalar, validated by
     # the installed vLLM's own parser on the host before any restart.
-    extra_args: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
+    extra_args: dict[str, Scalar | Seq[Scalar]] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -111,8 +125,6 @@ class ServeFlags(BaseModel):
             if isinstance(extra, dict) and extra.get("planner"):
                 raise ValueError(f"@{key}: set by vllm-fleet from vllm.cluster (the node's rank and the "
                                  "head's address); describe the node group there instead")
-            if isinstance(data[key], bool) and cls.model_fields[key].annotation in NUMERIC:
-                raise ValueError(f"@{key}: {data[key]!r} is a boolean, a number is expected")
         return data
 
     @field_validator("host")
@@ -140,6 +152,12 @@ class ServeFlags(BaseModel):
                 raise ValueError(f"@{name}: {REMOVED_FLAGS[flag.replace('-', '_')]}")
             if flag.replace("-", "_") in SECRET_FLAGS:
                 raise ValueError(f"@{name}: {SECRET_FLAGS[flag.replace('-', '_')]}")
+            items = v[name] if isinstance(v[name], list) else [v[name]]
+            dashed = [i for i in items if isinstance(i, str) and i.startswith("-")]
+            if dashed:
+                raise ValueError(f"@{name}: {dashed[0]!r} starts with '-': vLLM's config loader splices "
+                                 "values into its argv, so it would be read as a flag of its own; give each "
+                                 "flag its own key")
         return {n.removeprefix("--").replace("_", "-"): val for n, val in v.items()}
 
     @model_validator(mode="after")
@@ -158,8 +176,6 @@ class ServeFlags(BaseModel):
             )
         return self
 
-
-NUMERIC = (float, int, int | None, float | None)
 
 REMOVED_FLAGS = {
     "swap_space": "removed in vLLM 0.18 (no replacement flag); delete it from the inventory. For CPU "
@@ -192,8 +208,10 @@ def accepted_by(name: str, vllm_version: str, platform: str) -> bool:
 def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[str, Scalar | list[Scalar]]:
     """Kebab-case keys for `vllm serve --config`, in a stable order, without unset or unaccepted flags.
 
-    Booleans are written as true/false: vLLM's config loader turns `x: false` into `--no-x`, which
-    every version since 0.10 accepts (0.33 also lists `--disable-x`).
+    "Off" is written `no-<flag>: true`: vLLM's config loader turns `<flag>: false` into `--no-<flag>`
+    only when its top-level parser has that option, and only the `serve` subparser has it, so a plain
+    `false` was dropped and vLLM's own default (prefix caching on) stayed in force. A flag without a
+    `--no-` form (a store_true) is off by leaving it out.
     """
     out: dict[str, Scalar | list[Scalar]] = {}
     for name in ServeFlags.model_fields:
@@ -202,6 +220,17 @@ def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[st
         value = getattr(flags, name)
         if value is None or not accepted_by(name, vllm_version, platform):
             continue
-        out[name.replace("_", "-")] = value
-    out.update(flags.extra_args)
+        _put(out, name.replace("_", "-"), value, flag_meta(name)["negatable"])
+    for key, value in flags.extra_args.items():
+        # the host check refuses `no-<flag>` where the installed vLLM has no such option
+        _put(out, key, value, True)
     return out
+
+
+def _put(out: dict[str, Scalar | list[Scalar]], key: str, value: Scalar | list[Scalar],
+         negatable: bool) -> None:
+    if value is False:
+        if negatable:
+            out[f"no-{key}"] = True
+        return
+    out[key] = value

@@ -131,7 +131,7 @@ def wait_healthy(base_url: str, timeout_s: float, alive: Callable[[], bool] | No
 def table(results: Iterable[SmokeResult]) -> str:
     """A per-host table a person can read at the end of a deploy."""
     head = ("HOST", "INSTANCE", "MODEL", "TP", "RELEASE", "HEALTH", "MODELS", "COMPLETION", "401",
-            "LATENCY", "RESULT")
+            "CONFIG", "LATENCY", "RESULT")
     rows = []
     for r in results:
         by = {c.name: c for c in r.checks}
@@ -140,10 +140,11 @@ def table(results: Iterable[SmokeResult]) -> str:
             c = by.get(name)
             if c is None:
                 return "-"
-            return ("ok" if c.ok else "FAIL") + (f" ({c.detail})" if name == "completion" and c.ok else "")
+            return ("ok" if c.ok else "FAIL") + (f" ({c.detail})" if name in ("completion", "config") and c.ok
+                                                 else "")
 
         rows.append((r.host, r.instance, r.model, str(r.tp), r.release, cell("health"), cell("models"),
-                     cell("completion"), cell("no-key-401"),
+                     cell("completion"), cell("no-key-401"), cell("config"),
                      f"{r.latency_ms:.0f} ms" if "completion" in by else "-",
                      ("ok" if r.ok else "FAILED: " + r.failures()) + (f" ({r.note})" if r.note else "")))
     return columns(head, rows)

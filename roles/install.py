@@ -26,6 +26,8 @@ UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
 FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
 HOST_PYTHON = "/usr/bin/python3"
+# stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it)
+HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py")
 
 
 def base(base_ok: bool) -> None:
@@ -48,9 +50,9 @@ def base(base_ok: bool) -> None:
 
 
 def tool_files() -> list[tuple[str, str]]:
-    """What every host gets besides the release: uv and the two host-side scripts."""
+    """What every host gets besides the release: uv and the host-side scripts."""
     return [(str(wheels.uv_binary()), "/usr/local/bin/uv"),
-            *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in ("hoststate.py", "validate_serve.py")]]
+            *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS]]
 
 
 _RESOLVES = ("import importlib.metadata as m, importlib.util as u, sys; m.distribution('vllm'); "
@@ -168,10 +170,19 @@ def switch(plan: HostPlan, current: str | None):
         f"ln -sfn releases/{plan.release} {CURRENT_LINK}.new && mv -T {CURRENT_LINK}.new {CURRENT_LINK}"])
 
 
+_NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
+
+
 def validate(plan: HostPlan, inst, staged_config: str) -> None:
-    """The new release's own vLLM parses the staged config; a rejection stops this host right here."""
-    server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config",
-                 commands=[f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"])
+    """The new release's own vLLM checks the staged config; a rejection stops this host right here.
+
+    It runs with the unit's environment (not its secrets): vLLM reads settings from it while building its
+    config (VLLM_ENABLE_V1_MULTIPROCESSING decides whether the CPU platform keeps the "uni" executor).
+    HOME and HF_HOME stay root's: root never writes caches into the vllm user's directories."""
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(inst.environment.items())
+                   if k not in _NOT_FOR_ROOT)
+    server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", commands=[
+        f"env {env} {plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"])
 
 
 __all__ = ["base", "release", "switch", "validate", "host"]

@@ -21,7 +21,7 @@ from pyinfra import host, logger, state
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
-from fleet import smoke
+from fleet import effective, smoke
 from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HostPlan, InstancePlan
 from roles import remote
@@ -77,6 +77,18 @@ def commit(plan: HostPlan) -> None:
 def journal(unit: str, lines: int = 25) -> str:
     ok, out = run(f"journalctl -u {unit} -n {lines} --no-pager -o cat")
     return out if ok else "(journal unavailable)"
+
+
+def effective_check(inst: InstancePlan) -> smoke.Check:
+    """What the instance's new process says it runs with (its start-up log) against the plan's flags:
+    the proof that a rendered flag is in effect, not only written down."""
+    pattern = shlex.quote(f"{effective.NON_DEFAULT}|{effective.ENGINE_LINE.pattern}")
+    ok, out = run(f"id=$(systemctl show -p InvocationID --value {inst.unit}) && test -n \"$id\" && "
+                  f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$id | grep -E {pattern}")
+    problems, confirmed = effective.check_log(inst.flags, out.splitlines() if ok else [])
+    if problems:
+        return smoke.Check("config", False, "; ".join(problems))
+    return smoke.Check("config", True, f"{confirmed} of {len(inst.flags)} in the log")
 
 
 def _unit_crashed(unit: str) -> bool:
@@ -154,7 +166,8 @@ def worker_check(target: Target, release: str, head_running: Callable[[], bool],
     return result
 
 
-def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
+def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
+           restarted: frozenset[str] = frozenset()) -> None:
     """Smoke every instance; keep the change (commit) or put the last known good back (rollback).
 
     A cluster's head is smoke-tested like any host, and its workers follow its outcome: they commit when
@@ -163,7 +176,7 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
     if node is not None and not node.is_head:
         return verify_worker(plan, node, changed, had_state)
     try:
-        _verify(plan, changed, wait, had_state)
+        _verify(plan, changed, wait, had_state, restarted)
     except SmokeFailed:
         _decide(plan, "failed")
         raise
@@ -196,8 +209,12 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
                       f"--- journal of {inst.unit}:\n{journal(inst.unit)}")
 
 
-def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool) -> None:
+def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
+            restarted: frozenset[str] = frozenset()) -> None:
     results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait) for i in plan.instances]
+    for inst, r in zip(plan.instances, results, strict=True):
+        if r.ok and inst.name in restarted and not Target.of(inst).headless:
+            r.checks.append(effective_check(inst))
     failed = [r for r in results if not r.ok]
     did_change = changed()
     for r in results:
@@ -265,7 +282,9 @@ def register_report() -> None:
         _registered = True
 
 
-def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True) -> None:
+def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
+              restarted: frozenset[str] = frozenset()) -> None:
+    """restarted: instances this run restarts, whose start-up log is checked against the plan."""
     register_report()
     python.call(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", function=verify, plan=plan,
-                changed=changed, wait=wait, had_state=had_state)
+                changed=changed, wait=wait, had_state=had_state, restarted=restarted)

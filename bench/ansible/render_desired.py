@@ -11,7 +11,7 @@ from pyinfra import host
 
 from fleet import render, wheels
 from fleet.plan import BASE_DIRS, CURRENT_LINK, STATE_DIR
-from roles.install import FLEET_SRC, HOST_TOOLS
+from roles.install import FLEET_SRC, HOST_SCRIPTS, HOST_TOOLS
 from roles.service import STAGED
 from roles.vllm import plan_this_host
 
@@ -29,7 +29,7 @@ inst = plan.instances[0]
     inst, {ctl: f"{{{{ lookup('ansible.builtin.env', '{ctl}') }}}}" for ctl in inst.secret_env.values()}))
 tools = [{"src": "uv", "dest": "/usr/local/bin/uv"}]
 (files / "uv").write_bytes(wheels.uv_binary().read_bytes())
-for tool in ("hoststate.py", "validate_serve.py"):
+for tool in HOST_SCRIPTS:
     (files / tool).write_bytes((FLEET_SRC / tool).read_bytes())
     tools.append({"src": tool, "dest": f"{HOST_TOOLS}/{tool}"})
 dirs = []

@@ -44,14 +44,36 @@ def test_missing_api_key_is_refused_before_any_host_is_touched(deployed, lab_hos
         assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]
 
 
-def test_changed_flag_restarts_only_that_host_and_is_live(deployed, lab_hosts):
+# several non-default flags of each kind: booleans off (vLLM's default on) and on, integers, an
+# extra_args integer and an extra_args boolean off
+CHANGED = {"max_model_len": 384, "max_num_seqs": 4, "max_num_batched_tokens": 512, "block_size": 32,
+           "enable_prefix_caching": False, "enable_chunked_prefill": False, "enforce_eager": True,
+           "extra_args": {"seed": 7, "enable-log-requests": False}}
+
+
+def test_changed_flags_restart_only_that_host_and_are_what_vllm_runs_with(deployed, lab_hosts):
     before = {h: unit_props(h) for h in lab_hosts}
-    run = deploy(overrides={"lab2": {"flags": {"max_model_len": 384}}})
+    run = deploy(overrides={"lab2": {"flags": CHANGED}})
     assert run.rc == 0, run.output[-4000:]
     after = {h: unit_props(h) for h in lab_hosts}
     assert after["lab1"]["MainPID"] == before["lab1"]["MainPID"]
     assert after["lab2"]["MainPID"] != before["lab2"]["MainPID"]
-    assert "max-model-len: 384" in on("lab2", "cat /etc/vllm/default.yaml")
+    config = on("lab2", "cat /etc/vllm/default.yaml")
+    assert "max-model-len: 384" in config and "no-enable-prefix-caching: true" in config
+    # the deploy's own check of the start-up log passed, and it is in the smoke table
+    lab2 = next(r for r in run.smoke if r["host"] == "lab2")
+    check = next(c for c in lab2["checks"] if c["name"] == "config")
+    assert check["ok"], check
+    # our own reading of the engine's effective config, from the journal of this start
+    log = on("lab2", "journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID "
+                     "--value vllm-default) | grep -E 'non-default args|with config:'")
+    for effective in ("enable_prefix_caching=False", "enable_chunked_prefill=False", "enforce_eager=True",
+                      "max_seq_len=384", "seed=7"):
+        assert effective in log, effective
+    for parsed in ("'max_num_seqs': 4", "'max_num_batched_tokens': 512", "'block_size': 32"):
+        assert parsed in log, parsed
+    # off is vLLM's default for request logging: not among the non-default args, and not turned on
+    assert "'enable_log_requests': True" not in log
     # live: the running server reports the new context length through its API
     status, body = api_get("lab2", "/v1/models")
     assert status == 200

@@ -46,6 +46,28 @@ def test_flag_vllm_rejects_stops_before_restart_and_old_service_keeps_serving(ba
     assert any(r["host"] == "lab2" and r["ok"] for r in run.smoke)  # the other host went on
 
 
+def test_a_setting_vllm_would_override_is_refused_on_the_host_before_restart(baseline):
+    """vLLM's parser accepts `distributed_executor_backend: uni`, but its CPU platform turns it into "mp"
+    unless VLLM_ENABLE_V1_MULTIPROCESSING=0: the host check builds vLLM's engine config with the unit's
+    environment and refuses the difference; nothing restarts."""
+    before = unit_props("lab1")
+    run = deploy(overrides={"lab1": {"env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}}, limit="lab1")
+    assert run.rc != 0
+    assert ("vLLM would change these settings: distributed-executor-backend: the plan says uni, "
+            "vLLM's engine config has mp") in run.output
+    assert unit_props("lab1")["MainPID"] == before["MainPID"]
+
+
+def test_a_context_longer_than_the_model_is_refused_before_restart(baseline):
+    """Caught before any restart, with vLLM's own words or the plan's."""
+    before = unit_props("lab1")
+    run = deploy(overrides={"lab1": {"flags": {"max_model_len": 4096}}}, limit="lab1")
+    assert run.rc != 0
+    assert "max_model_len" in run.output and "4096" in run.output and "2048" in run.output
+    assert unit_props("lab1")["MainPID"] == before["MainPID"]
+    assert "max-model-len: 512" in on("lab1", "cat /etc/vllm/default.yaml")
+
+
 def test_missing_model_on_one_host_rolls_back_by_itself(baseline):
     good = state("lab2")["current"]
     run = deploy(overrides={"lab2": {"model": {"path": None,

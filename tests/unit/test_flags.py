@@ -53,11 +53,11 @@ def test_seed_defaults() -> None:
 def test_default_render_cuda_is_exactly_the_seed_values_in_stable_order() -> None:
     out = render_flags(ServeFlags(), "0.32.0", "cuda")
     assert list(out.items()) == [
-        ("trust-remote-code", False),
+        ("no-trust-remote-code", True),  # "off" as vLLM's loader honours it
         ("gpu-memory-utilization", 0.9),
         ("max-num-seqs", 256),
         ("pipeline-parallel-size", 1),
-        ("enforce-eager", False),
+        ("no-enforce-eager", True),
         ("host", "127.0.0.1"),
         ("port", 8000),
         ("shutdown-timeout", 30),  # in-flight requests finish on a restart (issue 21)
@@ -68,10 +68,10 @@ def test_default_render_cpu_has_no_gpu_memory_utilization() -> None:
     out = render_flags(ServeFlags(gpu_memory_utilization=0.5), "0.32.0", "cpu")
     assert "gpu-memory-utilization" not in out
     assert out == {
-        "trust-remote-code": False,
+        "no-trust-remote-code": True,
         "max-num-seqs": 256,
         "pipeline-parallel-size": 1,
-        "enforce-eager": False,
+        "no-enforce-eager": True,
         "host": "127.0.0.1",
         "port": 8000,
         "shutdown-timeout": 30,
@@ -102,12 +102,26 @@ def test_render_keeps_booleans_and_set_values() -> None:
     out = render_flags(f, "0.32.0", "cuda")
     assert out["enforce-eager"] is True
     assert out["trust-remote-code"] is True
-    assert out["enable-prefix-caching"] is False
+    assert out["no-enable-prefix-caching"] is True and "enable-prefix-caching" not in out
     assert out["max-model-len"] == 8192
     assert out["dtype"] == "float16"
     assert out["block-size"] == 32
     assert out["tensor-parallel-size"] == 2
     assert "enable-chunked-prefill" not in out
+
+
+def test_off_is_said_the_way_vllms_config_loader_honours_it() -> None:
+    """vLLM 0.32's load_config_file emits `--no-x` for `x: false` only when the top-level parser has
+    it (it never does), so "off" must be `no-x: true`; a store_true flag is off by its absence."""
+    f = ServeFlags(enable_chunked_prefill=False, enforce_eager=True,
+                   extra_args={"enable-log-requests": False, "disable-log-stats": True})
+    out = render_flags(f, "0.32.0", "cpu")
+    assert out["no-enable-chunked-prefill"] is True
+    assert out["no-enable-log-requests"] is True
+    assert out["disable-log-stats"] is True
+    assert not [k for k, v in out.items() if v is False]
+    store_true = ServeFlags.model_construct(headless=False)
+    assert render_flags(store_true, "0.32.0", "cpu").get("no-headless") is None
 
 
 # --- names ----------------------------------------------------------------------------------------------
@@ -344,7 +358,7 @@ def test_render_never_emits_none_or_unaccepted_flags(data: dict, version: str, p
     # the seed values every render carries
     assert out["host"] == "127.0.0.1"
     assert out["port"] == 8000
-    assert out["trust-remote-code"] is False
+    assert out["no-trust-remote-code"] is True and "trust-remote-code" not in out
 
 
 # --- lax input that should be refused -------------------------------------------------------------------

@@ -165,7 +165,7 @@ def test_yaml_round_trips_to_exactly_the_flags() -> None:
     assert loaded["model"] == "/var/lib/vllm/models/qwen"
     assert loaded["gpu-memory-utilization"] == 0.9
     assert loaded["block-size"] == 16
-    assert loaded["enable-prefix-caching"] is False
+    assert loaded["no-enable-prefix-caching"] is True
     assert loaded["lora-modules"] == ["a=/x", "b=/y"]
 
 
