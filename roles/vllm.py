@@ -189,7 +189,8 @@ def deploy_vllm() -> None:
     did_change = any(changed) or bool(removed) or built is not None
     node = _NODES.get(host.name)
     verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
-              had_state=bool(vh["state"]))
+              had_state=bool(vh["state"]),
+              restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c))
     # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
     lb.ready_op()
 
@@ -220,6 +221,9 @@ def plan_report() -> None:
         plan = _plan(spec, facts, placeholder_secrets(spec))
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
+        # an operation that fails without touching the host: pyinfra exits non-zero once every host's
+        # refusal is in the table, so a CI gate built on `vllm-fleet plan` stops a bad inventory
+        python.call(name="plan refused", function=_refused, reason=row.refused)
         return
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
     row.install = shlex.join(build_script(plan)[1])
@@ -227,6 +231,12 @@ def plan_report() -> None:
                      + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
                      + (f" [{i.node.describe()}]" if i.node else "") for i in plan.instances]
     row.warnings = list(plan.warnings)
+
+
+def _refused(state: Any, host: Any, reason: str) -> bool:
+    """pyinfra calls a callback taking (state, host) for its status: False fails the host, no traceback."""
+    host.log_styled(f"refused: {reason}", fg="red", log_func=logger.error)
+    return False
 
 
 _STATUS: list[tuple[str, ...]] = []

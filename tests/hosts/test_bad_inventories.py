@@ -35,3 +35,24 @@ def test_bad_inventory_is_refused_before_anything_changes(before, desc, data, pa
 
 def test_no_lab_host_changed_after_all_refusals(before):
     assert {h: host_files_digest(h) for h in ("lab1", "lab2")} == before
+
+
+# Refused by the planner (from the host's facts and the model's config.json), not by the schema.
+PLAN_REFUSED = [
+    ("model path missing on the controller", {"model": {"path": "/nonexistent/tiny"}},
+     "lab2: vllm.instances[default].model.path: /nonexistent/tiny/config.json does not exist"),
+    ("tensor parallel that does not divide the heads", {"flags": {"tensor_parallel_size": 3}},
+     "lab2: vllm.instances[default]"),
+]
+
+
+@pytest.mark.parametrize(("desc", "over", "words"), PLAN_REFUSED, ids=[p[0] for p in PLAN_REFUSED])
+def test_plan_and_deploy_exit_non_zero_for_a_plan_refused_host_and_change_nothing(before, desc, over, words):
+    plan = deploy("deploys/plan.py", overrides={"lab2": over})
+    assert plan.rc != 0, plan.output[-3000:]
+    assert words in plan.output, plan.output[-3000:]
+    assert "lab1" in plan.output  # every host's row is still printed
+    run = deploy(overrides={"lab2": over})
+    assert run.rc != 0 and words in run.output, run.output[-3000:]
+    assert "nothing was changed" in run.output
+    assert {h: host_files_digest(h) for h in ("lab1", "lab2")} == before
