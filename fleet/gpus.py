@@ -399,6 +399,7 @@ def parse_smi_query(text: str) -> SmiQuery:
 
 # --- errors ---------------------------------------------------------------------------------------------
 NO_DRIVER = "no_driver"
+NO_NVIDIA_SMI = "no_nvidia_smi"  # the driver is loaded (/proc says so) but nvidia-smi is not found
 DRIVER_UNREACHABLE = "driver_unreachable"
 VERSION_MISMATCH = "version_mismatch"
 NO_DEVICES = "no_devices"
@@ -408,8 +409,8 @@ MIG_ENABLED = "mig_enabled"
 SMI_FAILED = "nvidia_smi_failed"  # an nvidia-smi failure none of the above explains
 
 _ADVICE = {
-    NO_DRIVER: "nvidia-smi is not installed, so there is no NVIDIA driver{detail}. Install the NVIDIA driver "
-    "(see fleet/data/variants.toml for the minimum each vLLM build needs), or set `accelerator: cpu`.",
+    NO_DRIVER: "nvidia-smi is not installed and no NVIDIA driver is loaded{detail}. Install the NVIDIA "
+    "driver (see fleet/data/variants.toml for the minimum each vLLM build needs), or set `accelerator: cpu`.",
     DRIVER_UNREACHABLE: "nvidia-smi cannot communicate with the NVIDIA kernel driver{detail}: the module is "
     "not loaded or was not built for the running kernel. Check `lsmod | grep nvidia` and `dmesg`, reinstall "
     "the driver (or its DKMS module) for this kernel, then reboot.",
@@ -429,9 +430,31 @@ _ADVICE = {
 }
 
 
+def _no_nvidia_smi(driver: str) -> str:
+    """The advice when the kernel driver is loaded but its nvidia-smi is missing: which package has it.
+
+    ``driver`` is the version as printed ("550.54.15", or "L4T 35.3.1" for a Jetson). Ubuntu packages the
+    tools per driver branch (nvidia-utils-550, or nvidia-utils-550-server for the server driver); Debian
+    has one nvidia-smi package.
+    """
+    head = (f"the NVIDIA driver {driver} is loaded (/proc/driver/nvidia/version) but nvidia-smi is not "
+            "installed/not on PATH")
+    if driver.startswith("L4T "):
+        return (f"{head}: this is a Jetson (L4T), and vLLM's CUDA wheels are built for discrete and server "
+                "GPUs, not Jetson; build vLLM from source for Jetson, or set `accelerator: cpu`.")
+    branch = driver.split(".", 1)[0]
+    return (f"{head}: install the driver's utilities package (nvidia-utils-{branch} on Ubuntu, nvidia-smi "
+            f"on Debian) for the loaded driver's version (nvidia-utils-{branch}-server with Ubuntu's server "
+            "driver), or put the directory that holds nvidia-smi on the PATH of the deploy login's "
+            "non-interactive shell; fleet reads the GPUs through it.")
+
+
 @dataclass(frozen=True)
 class NvidiaProblem:
-    """Why a host's GPUs cannot be used as they are, with what to do about it."""
+    """Why a host's GPUs cannot be used as they are, with what to do about it.
+
+    ``detail`` is free text, except for ``no_nvidia_smi``, where it is the loaded driver's version.
+    """
 
     kind: str
     detail: str = ""
@@ -442,6 +465,8 @@ class NvidiaProblem:
         return self.kind != OLD_NVIDIA_SMI
 
     def message(self, host_name: str) -> str:
+        if self.kind == NO_NVIDIA_SMI:
+            return f"{host_name}: " + _no_nvidia_smi(self.detail)
         detail = self.detail if self.kind == UNKNOWN_GPU else (f" ({self.detail})" if self.detail else "")
         return f"{host_name}: " + _ADVICE[self.kind].format(detail=detail)
 
@@ -473,6 +498,21 @@ def _mig_indexes(text: str) -> list[int]:
     if MIG_FIELD in first and "index" in first:
         return [int(r["index"] or -1) for r in parse_query_rows(text) if r.get(MIG_FIELD) == "Enabled"]
     return []
+
+
+def missing_nvidia_smi(driver: DriverVersion | None, driver_source: str | None) -> NvidiaProblem:
+    """The problem of a host where nvidia-smi is not found, given what the driver section read.
+
+    A version from /proc/driver/nvidia/version means the kernel driver is loaded: only the tools are
+    missing (a driver installed without its utilities package, or nvidia-smi off PATH), and telling the
+    operator to install a driver would be wrong. Otherwise nothing is loaded; a module that ``modinfo``
+    finds on disk is named, since it is installed but not loaded.
+    """
+    if driver is not None and driver_source == "proc":
+        return NvidiaProblem(NO_NVIDIA_SMI, str(driver))
+    if driver is not None and driver_source == "modinfo":
+        return NvidiaProblem(NO_DRIVER, f"kernel module {driver} is on disk (modinfo) but not loaded")
+    return NvidiaProblem(NO_DRIVER)
 
 
 def classify_nvidia_error(text: str) -> NvidiaProblem | None:

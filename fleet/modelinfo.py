@@ -28,6 +28,10 @@ Config families handled (their config.json spellings differ):
   the attention layers count toward KV cache that grows with tokens.
 * Qwen2 writes ``sliding_window`` even when ``use_sliding_window`` is false; it is reported only when
   it is in force.
+* Context length: ``max_position_embeddings`` and its other spellings, with RoPE scaling applied the way
+  vLLM derives its limit (``rope_scaling``, or transformers v5's ``rope_parameters``): YaRN is
+  ``original_max_position_embeddings x factor``, linear/dynamic multiply by ``factor``, while ``llama3``
+  and LongRoPE configs already state the extended length (and Gemma 3's is already scaled).
 """
 
 from __future__ import annotations
@@ -96,6 +100,20 @@ class ModelInfo:
     v_head_dim: int | None = None
     attention_bias: bool = False
     qk_norm: bool = False
+    # vLLM's derived context: the longest max_model_len it starts with (longer needs
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), and what it uses when the flag is unset (shorter for LongRoPE).
+    max_model_len_limit: int | None = None
+    max_model_len_default: int | None = None
+
+    @property
+    def context_limit(self) -> int | None:
+        """The longest max_model_len vLLM accepts for this model; None when config.json does not say."""
+        return self.max_model_len_limit or self.max_position_embeddings
+
+    @property
+    def default_max_model_len(self) -> int | None:
+        """The max_model_len vLLM serves with when the flag is unset."""
+        return self.max_model_len_default or self.context_limit
 
     @property
     def use_mla(self) -> bool:
@@ -214,6 +232,60 @@ def _kv_layers(cfg: Mapping[str, Any], num_layers: int) -> int | None:
     return len(grows)
 
 
+# The keys vLLM reads for the context length (ModelConfig's max-length derivation): the smallest wins,
+# except model_max_length (Command-R, Cohere), which overrides them.
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _rope_entries(cfg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """RoPE settings as a list: transformers v5 may key ``rope_parameters`` by layer type."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if not isinstance(rope, Mapping) or not rope:
+        return []
+    if all(isinstance(v, Mapping) for v in rope.values()):
+        return list(rope.values())
+    return [rope]
+
+
+def _rope_type(entry: Mapping[str, Any]) -> str | None:
+    kind = entry.get("rope_type", entry.get("type"))
+    return "longrope" if kind == "su" else (str(kind) if kind is not None else None)
+
+
+def context_lengths(cfg: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(the longest max_model_len vLLM accepts, the one it uses when the flag is unset), as vLLM derives
+    them from config.json; (None, None) when no length key is there (vLLM then assumes 2048 and warns).
+
+    Why not max_position_embeddings alone: a YaRN config (DeepSeek-V2, Qwen2.5 with the model card's
+    rope_scaling) serves ``original_max_position_embeddings x factor`` tokens, which may exceed it.
+    """
+    lengths = [cfg[k] for k in _MAX_LEN_KEYS if _number(cfg.get(k))]
+    if not lengths:
+        return None, None
+    derived: float = cfg["model_max_length"] if _number(cfg.get("model_max_length")) else min(lengths)
+    entries = _rope_entries(cfg)
+    if entries and "gemma3" not in str(cfg.get("model_type") or ""):
+        factor = 1.0
+        for entry in entries:
+            if _rope_type(entry) in ("longrope", "llama3"):
+                continue  # these configs already state the extended length
+            if _number(entry.get("factor")):
+                factor = float(entry["factor"])
+            if _rope_type(entry) == "yarn" and _number(entry.get("original_max_position_embeddings")):
+                derived = entry["original_max_position_embeddings"]
+        derived *= factor
+    limit = int(derived)
+    original = cfg.get("original_max_position_embeddings")
+    if any(_rope_type(e) == "longrope" for e in entries) and _number(original):
+        return limit, int(original)  # vLLM's default keeps LongRoPE in its short mode
+    return limit, limit
+
+
 def from_config(config: Mapping[str, Any], weight_bytes: int | None = None) -> ModelInfo:
     """A ModelInfo from a parsed config.json; raises ModelInfoError naming the key that is missing or bad.
 
@@ -264,6 +336,7 @@ def from_config(config: Mapping[str, Any], weight_bytes: int | None = None) -> M
     dtype = _first(config, "torch_dtype", "dtype") or _first(cfg, "torch_dtype", "dtype")
     model_type = cfg.get("model_type") or config.get("model_type")
     kv_lora = _opt_int(cfg, "kv_lora_rank")
+    limit, default_len = context_lengths(cfg)
 
     return ModelInfo(
         architecture=architecture,
@@ -299,6 +372,8 @@ def from_config(config: Mapping[str, Any], weight_bytes: int | None = None) -> M
         attention_bias=bool(cfg.get("attention_bias") or cfg.get("qkv_bias")
                             or model_type in {"qwen2", "qwen2_moe"}),
         qk_norm=model_type in {"qwen3", "qwen3_moe"},
+        max_model_len_limit=limit,
+        max_model_len_default=default_len,
     )
 
 

@@ -18,6 +18,7 @@ from fleet.gpus import Gpu
 from fleet.modelinfo import ModelInfoError, from_config
 from fleet.sizing import estimate, estimate_cpu
 from fleet.spec import HostSpec, InstanceSpec, SpecError
+from fleet.variants import unusable_gpus
 
 RELEASES_DIR = "/opt/vllm/releases"
 CURRENT_LINK = "/opt/vllm/current"
@@ -127,8 +128,8 @@ def choose_tensor_parallel(host: str, inst_name: str, n_gpus: int, explicit: int
     tp = 1
     while tp * 2 <= n_gpus and fits(tp * 2):
         tp *= 2
-    return tp, [f"{host}: instance {inst_name}: {n_gpus} GPUs do not divide the model's {heads} attention "
-                f"heads; using tensor-parallel-size {tp} ({n_gpus - tp} GPU(s) idle)"]
+    return tp, [f"{host}: vllm.instances[{inst_name}]: {n_gpus} GPUs do not divide the model's {heads} "
+                f"attention heads; using tensor-parallel-size {tp} ({n_gpus - tp} GPU(s) idle)"]
 
 
 def _divisors(heads: int | None, kv_heads: int | None, n: int) -> list[int]:
@@ -151,27 +152,48 @@ def choose_dtype(accelerator: str, gpus: Sequence[Gpu], cpu_flags: frozenset[str
     return "float32"
 
 
-def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: set[int]) -> list[Gpu]:
+def gpu_label(gpu: Gpu) -> str:
+    cc = gpu.compute_capability
+    return f"GPU {gpu.index} {gpu.name} (compute capability {cc[0]}.{cc[1]})"
+
+
+def _left_out_note(gpus: Sequence[Gpu], left_out: Mapping[int, str]) -> str:
+    return "; ".join(f"{gpu_label(g)} is left out: {left_out[g.index]}" for g in gpus if g.index in left_out)
+
+
+def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: set[int],
+                   left_out: Mapping[int, str] | None = None) -> list[Gpu]:
+    """The instance's GPUs. A GPU in ``left_out`` (index -> why vLLM cannot use it) is never assigned
+    automatically (`gpus` unset = every usable GPU not yet given to another instance; a count = the
+    first N of those), and pinning it by index is refused for this instance only."""
+    left_out = left_out or {}
     by_index = {g.index: g for g in gpus}
+    usable = [g for g in gpus if g.index not in left_out]
+    free = [g for g in usable if g.index not in taken]
+    note = f" ({_left_out_note(gpus, left_out)})" if left_out else ""
     where = f"{host}: vllm.instances[{inst.name}].gpus"
     if inst.gpus is None:
-        chosen = [g for g in gpus if g.index not in taken]
+        chosen = free
     elif isinstance(inst.gpus, int):
-        free = [g for g in gpus if g.index not in taken]
         if inst.gpus > len(free):
-            raise SpecError([f"{where}: asks for {inst.gpus} GPU(s), the host has {len(free)} free "
-                             f"of {len(gpus)}"])
+            of = f"of the {len(usable)} it can use{note}" if left_out else f"of {len(gpus)}"
+            raise SpecError([f"{where}: asks for {inst.gpus} GPU(s), the host has {len(free)} free {of}"])
         chosen = free[: inst.gpus]
     else:
         missing = [i for i in inst.gpus if i not in by_index]
         if missing:
             raise SpecError([f"{where}: GPU index {missing} not on this host (has {sorted(by_index)})"])
+        bad = [by_index[i] for i in inst.gpus if i in left_out]
+        if bad:
+            raise SpecError([f"{where}: " + "; ".join(f"{gpu_label(g)} cannot be used: {left_out[g.index]}"
+                                                      for g in bad)
+                             + f"; this host's usable GPUs are {[g.index for g in usable]}"])
         overlap = [i for i in inst.gpus if i in taken]
         if overlap:
             raise SpecError([f"{where}: GPU {overlap} already given to another instance"])
         chosen = [by_index[i] for i in inst.gpus]
     if not chosen:
-        raise SpecError([f"{where}: no GPU left for this instance"])
+        raise SpecError([f"{where}: no GPU left for this instance{note}"])
     return chosen
 
 
@@ -185,6 +207,11 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
     preflight), `weight_bytes` instance name -> the weights' size from the safetensors headers;
     `choose_variant` is fleet.variants.choose_variant, injectable for tests; `node` is the host's place
     in its node group (fleet.cluster.resolve), None for a stand-alone host.
+
+    Mixed hosts: a GPU that no build of the release can drive here (fleet.variants.unusable_gpus) is left
+    out with a warning, not a refusal of the host: automatic assignment skips it, only an instance pinned
+    to it is refused, and the build is chosen for the GPUs the instances use. A host with no usable GPU
+    is refused as before.
     """
     if choose_variant is None:
         from fleet.variants import choose_variant
@@ -194,22 +221,41 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
 
     if spec.accelerator == "cuda" and facts.nvidia_problem is not None:
         raise SpecError([facts.nvidia_problem.message(host)])
+    all_gpus = list(facts.gpus)
+    # GPUs no build can drive are left out rather than refusing the host, unless that is every GPU.
+    left_out: dict[int, str] = {}
+    choice = None
     try:
-        choice = choose_variant(spec.version, spec.accelerator, facts.driver, list(facts.gpus),
-                                spec.variant)
+        choice = choose_variant(spec.version, spec.accelerator, facts.driver, all_gpus, spec.variant)
     except ValueError as e:
-        raise SpecError([f"{host}: vllm.variant: {e}"]) from None
+        if spec.accelerator == "cuda":
+            left_out = unusable_gpus(spec.version, facts.driver, all_gpus, spec.variant)
+        if not left_out or len(left_out) >= len(all_gpus):
+            raise SpecError([f"{host}: vllm.variant: {e}"]) from None
+    usable = [g.index for g in all_gpus if g.index not in left_out]
+    warnings.extend(f"{host}: {gpu_label(g)} is left out: {left_out[g.index]}; instances with `gpus` unset "
+                    f"or a count take only GPUs {usable}" for g in all_gpus if g.index in left_out)
 
     taken: set[int] = set()
     instances = []
     for inst in spec.instances:
         try:
             instances.append(_plan_instance(host, spec, inst, facts, environ, model_configs.get(inst.name),
-                                            taken, warnings, (weight_bytes or {}).get(inst.name), node))
+                                            taken, warnings, (weight_bytes or {}).get(inst.name), node,
+                                            left_out))
         except SpecError as e:
             problems.extend(e.problems)
     if problems:
         raise SpecError(problems)
+    if spec.accelerator == "cuda":
+        # the build is chosen for the GPUs the instances use, not for every GPU of the host
+        used = [g for g in all_gpus if g.index in taken]
+        if choice is None or len(used) != len(all_gpus):
+            try:
+                choice = choose_variant(spec.version, spec.accelerator, facts.driver, used, spec.variant)
+            except ValueError as e:
+                raise SpecError([f"{host}: vllm.variant: {e}"]) from None
+    assert choice is not None
     return HostPlan(
         host=host, vllm_version=spec.version, variant=choice.variant, variant_reason=choice.reason,
         release=choice.release_dir, release_dir=f"{RELEASES_DIR}/{choice.release_dir}",
@@ -219,9 +265,16 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
 
 
 def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gpu], tp: int, dtype: str,
-              model_config: Mapping[str, Any] | None, weights: int | None) -> str | None:
+              model_config: Mapping[str, Any] | None, weights: int | None, *, max_tp: int | None = None,
+              host_gpus: int | None = None, tp_multiple: int = 1) -> str | None:
     """Predict an out-of-memory start on the controller (fleet/sizing.py); None when it fits or the
-    model's config is not known here (hub models are sized by vLLM itself at start)."""
+    model's config is not known here (hub models are sized by vLLM itself at start).
+
+    The ways out are only what this host allows: a tensor_parallel_size up to ``max_tp`` (the instance's
+    GPUs per pipeline stage; default ``tp``), a multiple of ``tp_multiple``; a larger one is said as
+    "more GPUs than this instance has", with ``host_gpus`` (the GPUs the host could give it) saying
+    whether this host has them.
+    """
     if not model_config:
         return None
     try:
@@ -229,7 +282,7 @@ def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gp
     except ModelInfoError:
         return None
     f = inst.flags
-    max_len = f.max_model_len or info.max_position_embeddings
+    max_len = f.max_model_len or info.default_max_model_len
     if max_len is None:
         return None
     if accelerator == "cpu":
@@ -239,13 +292,14 @@ def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gp
     if not gpus:
         return None
     gest = estimate(info, tp=tp, pp=f.pipeline_parallel_size, max_model_len=max_len,
+                    max_tp=max(tp, max_tp or tp), tp_multiple=tp_multiple,
                     max_num_seqs=f.max_num_seqs, kv_cache_dtype=f.kv_cache_dtype, dtype=dtype,
                     gpu_memory_total_mib=min(g.memory_mib for g in gpus),
                     gpu_memory_utilization=f.gpu_memory_utilization,
                     max_num_batched_tokens=f.max_num_batched_tokens,
                     enable_chunked_prefill=f.enable_chunked_prefill, block_size=f.block_size,
                     enforce_eager=f.enforce_eager, gpu_name=gpus[0].name)
-    return None if gest.fits else gest.refusal(host, inst.name)
+    return None if gest.fits else gest.refusal(host, inst.name, host_gpus=host_gpus)
 
 
 def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -> list[str]:
@@ -261,7 +315,7 @@ def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -
 def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFacts,
                    environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
                    taken: set[int], warnings: list[str], weights: int | None = None,
-                   node: NodeRole | None = None) -> InstancePlan:
+                   node: NodeRole | None = None, left_out: Mapping[int, str] | None = None) -> InstancePlan:
     where = f"{host}: vllm.instances[{inst.name}]"
     f = inst.flags
     problems = []
@@ -277,7 +331,8 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
 
     gpus: list[Gpu] = []
     if spec.accelerator == "cuda":
-        gpus = _instance_gpus(host, inst, facts.gpus, taken)
+        gpus = _instance_gpus(host, inst, facts.gpus, taken, left_out)
+    given = len(gpus)
     heads = kv_heads = None
     if model_config:
         heads = model_config.get("num_attention_heads")
@@ -298,14 +353,23 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     if spec.accelerator == "cuda":
         used = local
         if used < len(gpus) and inst.gpus is not None:
-            warnings.append(f"{host}: instance {inst.name}: tensor {tp} x pipeline {pp} uses {used} of the "
-                            f"{len(gpus)} GPUs it was given; the other {len(gpus) - used} stay free")
+            warnings.append(f"{host}: vllm.instances[{inst.name}]: tensor {tp} x pipeline {pp} uses {used} "
+                            f"of the {len(gpus)} GPUs it was given; the other {len(gpus) - used} stay free")
         gpus = gpus[:used]
         taken.update(g.index for g in gpus)
 
     dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
     staged = inst.model_copy(update={"flags": f.model_copy(update={"pipeline_parallel_size": pp})})
-    refusal = preflight(host, staged, spec.accelerator, gpus, tp, dtype, model_config, weights)
+    # the TPs this instance could take: its own GPUs per stage (a node's; every node's for a tensor split)
+    tp_multiple, host_gpus = 1, None
+    if node is None:
+        max_tp, host_gpus = given // pp, len(facts.gpus) - len(left_out or {})
+    elif node.split == "tensor":
+        max_tp, tp_multiple = node.nnodes * given, node.nnodes
+    else:
+        max_tp = given
+    refusal = preflight(host, staged, spec.accelerator, gpus, tp, dtype, model_config, weights,
+                        max_tp=max_tp, host_gpus=host_gpus, tp_multiple=tp_multiple)
     if refusal:
         raise SpecError([refusal])
     if inst.model.path:
@@ -344,14 +408,15 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     if node is not None:
         env.update(cluster_environment(host, node, spec.accelerator, facts.interfaces))
         if node.is_head and not _is_loopback(f.host):
-            warnings.append(f"{host}: instance {inst.name}: the API listens on {f.host}, so the unit cannot "
-                            f"be limited to the cluster's addresses; firewall port {node.master_port} (the "
-                            "head's torch.distributed store, no authentication) to the nodes")
+            warnings.append(f"{host}: vllm.instances[{inst.name}]: the API listens on {f.host}, so the unit "
+                            "cannot be limited to the cluster's addresses; firewall port "
+                            f"{node.master_port} (the head's torch.distributed store, no authentication) "
+                            "to the nodes")
         else:
             ip_allow = ("localhost", *node.addresses)
             if not facts.ip_filtering:
-                warnings.append(f"{host}: instance {inst.name}: no cgroup v2 here, so systemd cannot enforce "
-                                f"the unit's IPAddressAllow=; firewall vLLM's internal ports (store "
+                warnings.append(f"{host}: vllm.instances[{inst.name}]: no cgroup v2 here, so systemd cannot "
+                                f"enforce the unit's IPAddressAllow=; firewall vLLM's internal ports (store "
                                 f"{node.master_port} on the head) to the nodes of cluster {node.cluster}")
     if not inst.model.hf_repo:
         env["HF_HUB_OFFLINE"] = "1"

@@ -178,10 +178,11 @@ class WayOut:
     flag: str
     value: Any
     settings: Settings
+    note: str = ""  # why the value stops where it does ("the model's limit")
 
     def __str__(self) -> str:
         if self.flag == "max_model_len":
-            return f"max_model_len <= {self.value}"
+            return f"max_model_len <= {self.value}" + (f" ({self.note})" if self.note else "")
         if self.flag == "gpu_memory_utilization":
             return f"gpu_memory_utilization {self.value:.2f}"
         return f"{self.flag} {self.value}"
@@ -193,6 +194,9 @@ class Estimate:
 
     ``max_concurrency`` is vLLM's "Maximum concurrency for max_model_len tokens per request" (full-length
     sequences the KV cache holds at once); ``concurrency`` is what it will reach, capped by max_num_seqs.
+    ``max_tp`` is the tensor-parallel size the instance's GPUs allow (per pipeline stage); ``more_gpus``,
+    set only when no TP up to it fits, is the smallest TP beyond it that would, i.e. more GPUs than the
+    instance has.
     """
 
     settings: Settings
@@ -213,6 +217,8 @@ class Estimate:
     needed_gib: float
     fits: bool
     ways_out: tuple[WayOut, ...] = field(default=())
+    max_tp: int = DEFAULT_MAX_TP
+    more_gpus: WayOut | None = None
 
     @property
     def all_seqs_fit(self) -> bool:
@@ -232,16 +238,37 @@ class Estimate:
         return (f"weights {self.weights_gib:.1f} GiB + KV for one {self.settings.max_model_len}-token "
                 f"sequence {self.kv_one_seq_gib:.1f} GiB + overhead {self.overhead_gib:.1f} GiB")
 
-    def refusal(self, host: str, instance: str) -> str:
-        """The operator's message for an instance vLLM would refuse to start, with the ways out."""
+    def _more_gpus(self, host_gpus: int | None) -> str:
+        """The TP way out that needs more GPUs than the instance has, said as such (never as a bare
+        tensor_parallel_size, which the planner would refuse for this instance)."""
+        assert self.more_gpus is not None
+        w = self.more_gpus.settings
+        need, have = w.tp * w.pp, self.max_tp * w.pp
+        layout = f"tensor_parallel_size {w.tp}" + (f" x pipeline_parallel_size {w.pp}" if w.pp > 1 else "")
+        text = f"more GPUs than this instance has ({have}): {layout} over {need} GPUs"
+        if host_gpus is None:
+            return f"{text} of {self.gpu_memory_total_gib:.1f} GiB"
+        if host_gpus >= need:
+            return f"{text} (gpus: {need}; this host has {host_gpus})"
+        return (f"{text}, so a host with {need} GPUs of {self.gpu_memory_total_gib:.1f} GiB "
+                f"(this one has {host_gpus})")
+
+    def refusal(self, host: str, instance: str, *, host_gpus: int | None = None) -> str:
+        """The operator's message for an instance vLLM would refuse to start, with the ways out.
+
+        ``host_gpus``: the GPUs the host could give an instance, to say whether a TP that needs more
+        GPUs than the instance has is still possible here."""
         if self.fits:
-            raise ValueError(f"{host}: instance {instance} fits; there is nothing to refuse")
-        head = (f"{host}: instance {instance}: needs {self.needed_gib:.1f} GiB per GPU, has "
+            raise ValueError(f"{host}: vllm.instances[{instance}] fits; there is nothing to refuse")
+        head = (f"{host}: vllm.instances[{instance}]: needs {self.needed_gib:.1f} GiB per GPU, has "
                 f"{self.budget_gib:.1f} GiB at {self.settings.gpu_memory_utilization:.2f} ({self._gpu()}): "
                 f"{self._breakdown()}")
-        if self.ways_out:
-            return f"{head}; ways out: " + ", or ".join(str(w) for w in self.ways_out)
-        return f"{head}; no single setting change fits: use GPUs with more memory, or more of them"
+        ways = [str(w) for w in self.ways_out]
+        if self.more_gpus is not None:
+            ways.append(self._more_gpus(host_gpus))
+        if ways:
+            return f"{head}; ways out: " + ", or ".join(ways)
+        return f"{head}; no single setting change fits: use GPUs with more memory"
 
     def summary(self, host: str, instance: str) -> str:
         """One line for a plan: what fits, and the concurrency vLLM will reach."""
@@ -251,9 +278,9 @@ class Estimate:
         limit = ("" if self.all_seqs_fit else
                  f"; KV holds {self.max_concurrency:.2f} full-length sequences, so at most "
                  f"{self.concurrency} of max_num_seqs {s.max_num_seqs} run at once")
-        return (f"{host}: instance {instance}: fits: {self.needed_gib:.1f} of {self.budget_gib:.1f} GiB per "
-                f"GPU at {s.gpu_memory_utilization:.2f} ({self._gpu()}): {self._breakdown()}; KV cache "
-                f"{self.kv_capacity_tokens:,} tokens{limit}")
+        return (f"{host}: vllm.instances[{instance}]: fits: {self.needed_gib:.1f} of {self.budget_gib:.1f} "
+                f"GiB per GPU at {s.gpu_memory_utilization:.2f} ({self._gpu()}): {self._breakdown()}; "
+                f"KV cache {self.kv_capacity_tokens:,} tokens{limit}")
 
 
 class _Parts(NamedTuple):
@@ -331,25 +358,44 @@ def _core(info: ModelInfo, s: Settings) -> Estimate:
     )
 
 
-def _ways_out(info: ModelInfo, s: Settings, max_tp: int) -> tuple[WayOut, ...]:
+def _tp_fits(info: ModelInfo, s: Settings, tps: Iterable[int], multiple: int) -> WayOut | None:
+    """The first TP of ``tps`` that vLLM accepts for the model (the planner's rule) and that fits."""
+    for tp in tps:
+        if tp % multiple == 0 and valid_tp(info, tp) and _core(info, replace(s, tp=tp)).fits:
+            return WayOut("tensor_parallel_size", tp, replace(s, tp=tp))
+    return None
+
+
+def _ways_out(info: ModelInfo, s: Settings, max_tp: int,
+              tp_multiple: int = 1) -> tuple[tuple[WayOut, ...], WayOut | None]:
     """Single changes that fit, each verified by re-estimating: shorter context, more TP, fp8 KV, higher
-    utilization. Combinations are left to the operator; one change is easier to review."""
+    utilization. Combinations are left to the operator; one change is easier to review.
+
+    Only what this instance can do is a way out: TP up to ``max_tp`` (its GPUs), a context within the
+    model's limit. The second value is the smallest TP beyond ``max_tp`` that fits, when none up to it
+    does: said as "more GPUs", since the planner refuses a TP larger than the instance's GPUs.
+    """
     p, ways = _parts(info, s), []
     length = (max(0, p.available) // p.page * s.block_size) // MODEL_LEN_STEP * MODEL_LEN_STEP
+    limit, note = info.context_limit, ""
+    if limit is not None and length > limit:
+        length, note = limit, "the model's limit"
     # Overhead only shrinks with length, so the first try fits unless chunked prefill is off.
     for _ in range(64):
         if length < MODEL_LEN_STEP or length >= s.max_model_len:
             break
         if _core(info, replace(s, max_model_len=length)).fits:
-            ways.append(WayOut("max_model_len", length, replace(s, max_model_len=length)))
+            ways.append(WayOut("max_model_len", length, replace(s, max_model_len=length), note))
             break
-        length -= MODEL_LEN_STEP
-    tp = s.tp * 2
-    while tp <= max_tp:
-        if valid_tp(info, tp) and _core(info, replace(s, tp=tp)).fits:
-            ways.append(WayOut("tensor_parallel_size", tp, replace(s, tp=tp)))
-            break
-        tp *= 2
+        length, note = (length - 1) // MODEL_LEN_STEP * MODEL_LEN_STEP, ""
+    more_gpus = None
+    tp_way = _tp_fits(info, s, range(s.tp + 1, max_tp + 1), tp_multiple)
+    if tp_way is not None:
+        ways.append(tp_way)
+    else:
+        # TP cannot exceed the attention heads (each rank needs whole heads).
+        more_gpus = _tp_fits(info, s, range(max(s.tp, max_tp) + 1, info.num_attention_heads + 1),
+                             tp_multiple)
     if kv_element_bytes(s.kv_cache_dtype, p.dtype) > 1 and _core(info, replace(s, kv_cache_dtype="fp8")).fits:
         ways.append(WayOut("kv_cache_dtype", "fp8", replace(s, kv_cache_dtype="fp8")))
     util = math.ceil(p.needed / p.total * 100 - 1e-9) / 100
@@ -359,13 +405,17 @@ def _ways_out(info: ModelInfo, s: Settings, max_tp: int) -> tuple[WayOut, ...]:
                 info, replace(s, gpu_memory_utilization=u)).fits:
             ways.append(WayOut("gpu_memory_utilization", u, replace(s, gpu_memory_utilization=u)))
             break
-    return tuple(ways)
+    return tuple(ways), more_gpus
 
 
-def estimate_settings(info: ModelInfo, settings: Settings, *, max_tp: int = DEFAULT_MAX_TP) -> Estimate:
+def estimate_settings(info: ModelInfo, settings: Settings, *, max_tp: int = DEFAULT_MAX_TP,
+                      tp_multiple: int = 1) -> Estimate:
     """``estimate`` for a ready Settings (e.g. a WayOut's), with ways out when it does not fit."""
-    est = _core(info, settings)
-    return est if est.fits else replace(est, ways_out=_ways_out(info, settings, max_tp))
+    est = replace(_core(info, settings), max_tp=max_tp)
+    if est.fits:
+        return est
+    ways, more_gpus = _ways_out(info, settings, max_tp, tp_multiple)
+    return replace(est, ways_out=ways, more_gpus=more_gpus)
 
 
 def estimate(
@@ -385,17 +435,19 @@ def estimate(
     enforce_eager: bool = False,
     gpu_name: str | None = None,
     max_tp: int = DEFAULT_MAX_TP,
+    tp_multiple: int = 1,
 ) -> Estimate:
     """Per-GPU memory of one vLLM instance against ``gpu_memory_total_mib x gpu_memory_utilization``.
 
     ``gpu_memory_total_mib`` is nvidia-smi's memory.total of one GPU (all GPUs of an instance are alike).
-    ``max_model_len`` None means the model's max_position_embeddings, as vLLM derives it. ``max_tp`` bounds
-    the tensor_parallel_size ways out (the GPUs the host can give this instance).
+    ``max_model_len`` None means the length vLLM derives from config.json (max_position_embeddings, RoPE
+    scaling applied). ``max_tp`` bounds the tensor_parallel_size ways out: the GPUs the instance has per
+    pipeline stage; ``tp_multiple`` is what a TP must be a multiple of (the nodes of a tensor-split cluster).
     """
     if max_model_len is None:
-        if info.max_position_embeddings is None:
+        if info.default_max_model_len is None:
             raise ValueError("max_model_len is not set and config.json has no max_position_embeddings")
-        max_model_len = info.max_position_embeddings
+        max_model_len = info.default_max_model_len
     settings = Settings(
         tp=tp, pp=pp, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         kv_cache_dtype=kv_cache_dtype or "auto", dtype=dtype or "auto",
@@ -403,7 +455,7 @@ def estimate(
         max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
         block_size=block_size or DEFAULT_BLOCK_SIZE, enforce_eager=enforce_eager, gpu_name=gpu_name,
     )
-    return estimate_settings(info, settings, max_tp=max_tp)
+    return estimate_settings(info, settings, max_tp=max_tp, tp_multiple=tp_multiple)
 
 
 # --- CPU hosts ---------------------------------------------------------------------------------------------
@@ -427,6 +479,7 @@ class CpuEstimate:
     fits: bool
     min_kvcache_gib: int  # the smallest whole VLLM_CPU_KVCACHE_SPACE that holds one sequence
     max_fitting_model_len: int  # the longest context (whole blocks) this space holds
+    context_limit: int | None = None  # the model's own limit, which a suggested length never exceeds
 
     def vllm_log_lines(self) -> tuple[str, str]:
         """The two lines vLLM logs at startup for these numbers, to compare with a host's journal."""
@@ -436,11 +489,13 @@ class CpuEstimate:
 
     def refusal(self, host: str, instance: str) -> str:
         if self.fits:
-            raise ValueError(f"{host}: instance {instance} fits; there is nothing to refuse")
+            raise ValueError(f"{host}: vllm.instances[{instance}] fits; there is nothing to refuse")
         ways = [f"VLLM_CPU_KVCACHE_SPACE={self.min_kvcache_gib}"]
-        if self.max_fitting_model_len >= self.block_size:
+        if self.context_limit is not None and self.max_fitting_model_len > self.context_limit:
+            ways.append(f"max_model_len <= {self.context_limit} (the model's limit)")
+        elif self.max_fitting_model_len >= self.block_size:
             ways.append(f"max_model_len <= {self.max_fitting_model_len}")
-        return (f"{host}: instance {instance}: one {self.max_model_len}-token sequence needs "
+        return (f"{host}: vllm.instances[{instance}]: one {self.max_model_len}-token sequence needs "
                 f"{self.kv_one_seq_gib:.2f} GiB of KV cache, VLLM_CPU_KVCACHE_SPACE gives "
                 f"{self.kvcache_gib:g} GiB ({self.kv_capacity_tokens:,} tokens); ways out: "
                 + ", or ".join(ways))
@@ -485,6 +540,7 @@ def estimate_cpu(
         fits=blocks >= blocks_per_seq,
         min_kvcache_gib=max(1, math.ceil(one_seq / GiB)),
         max_fitting_model_len=blocks * block_size,
+        context_limit=info.context_limit,
     )
 
 

@@ -195,6 +195,49 @@ def _driver_advice(variants: list[Variant], gpus: list[Gpu]) -> str:
     return " or ".join(f">= {v.min_driver} ({v.name})" for v in ordered)
 
 
+def _cc(gpu: Gpu) -> str:
+    return f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
+
+
+def unusable_gpus(
+    vllm_version: str,
+    driver: DriverVersion | None,
+    gpus: list[Gpu],
+    override: str | None = None,
+) -> dict[int, str]:
+    """{GPU index: why no build of ``vllm_version`` this host can run has kernels for it}.
+
+    Why per GPU: one old card (a compute capability below the release's minimum, or an arch that no
+    build's list covers, or covered only by a build whose driver minimum this host misses) must not stop
+    the instances on the other GPUs. Only GPU-specific reasons count: what fails for the whole host (no
+    driver, a Jetson, a driver older than every build, an unknown version or override) returns {} and is
+    ``choose_variant``'s to refuse. The reasons are host-independent and do not name the GPU.
+    """
+    release = load_table().get(vllm_version)
+    if release is None or driver is None or driver.l4t or (override is not None and override not in release):
+        return {}
+    builds = [release[override]] if override else [v for v in release.values() if v.accelerator == "cuda"]
+    runnable = [v for v in builds if v.accelerator == "cuda" and v.min_driver and driver >= v.min_driver]
+    if not runnable:
+        return {}
+    out = {}
+    for gpu in gpus:
+        covering = [v for v in builds if v.supports(gpu.compute_capability)]
+        if not covering:
+            lists = "; ".join(f"{v.name}: {v.arch_summary()}" for v in builds)
+            minimum = builds[0].min_compute_capability
+            if gpu.compute_capability < minimum:
+                lists += f"; vLLM {vllm_version} needs {'.'.join(map(str, minimum))} or newer"
+            what = (f"the pinned {override} build has no" if override
+                    else f"no CUDA build of vLLM {vllm_version} has")
+            out[gpu.index] = f"{what} kernels for compute capability {_cc(gpu)} ({lists})"
+        elif not any(v in runnable for v in covering):
+            advice = " or ".join(f">= {v.min_driver} ({v.name})" for v in covering)
+            out[gpu.index] = (f"only builds needing a newer driver have kernels for compute capability "
+                              f"{_cc(gpu)}: install NVIDIA driver {advice} (this host has {driver})")
+    return out
+
+
 def choose_variant(
     vllm_version: str,
     accelerator: str,

@@ -17,7 +17,6 @@ from pyinfra.api import FactBase
 
 from fleet.gpus import (
     MIG_FIELD,
-    NO_DRIVER,
     OLD_NVIDIA_SMI,
     QUERY_FIELDS,
     QUERY_FIELDS_NO_CC,
@@ -29,6 +28,7 @@ from fleet.gpus import (
     UnknownGpuError,
     classify_nvidia_error,
     mig_problem,
+    missing_nvidia_smi,
     parse_driver_version,
     parse_query_csv,
 )
@@ -126,8 +126,9 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
     Queries ``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`` with the richest field set
     this nvidia-smi accepts (see ``FIELD_SETS``); compute capability comes from the GPU name when
     ``compute_cap`` is not available. Never fails: what stops the GPUs being used comes back as
-    ``problem``, a ``fleet.gpus.NvidiaProblem`` (kinds: no_driver, driver_unreachable, version_mismatch,
-    no_devices, unknown_gpu, mig_enabled, nvidia_smi_failed), with ``gpus`` empty unless they could still
+    ``problem``, a ``fleet.gpus.NvidiaProblem`` (kinds: no_driver, no_nvidia_smi (the driver is loaded but
+    nvidia-smi is not found), driver_unreachable, version_mismatch, no_devices, unknown_gpu, mig_enabled,
+    nvidia_smi_failed), with ``gpus`` empty unless they could still
     be read; ``notice`` holds what was worked around (old_nvidia_smi) and blocks nothing. Values are
     ``fleet.gpus`` objects; each prints as JSON through ``to_json``.
 
@@ -178,7 +179,8 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
         result = self.default()
         result["driver"], result["driver_source"] = _driver(sections.get("driver", []))
         if f"{MARK} no-nvidia-smi" in output:
-            result["problem"] = NvidiaProblem(NO_DRIVER)
+            # a loaded driver (read from /proc by the driver section) is not "no driver"
+            result["problem"] = missing_nvidia_smi(result["driver"], result["driver_source"])
             return result
         lines = sections.get("gpus", [])
         fields, text, rc = _meta(lines, "fields"), _body(lines), _meta(lines, "rc")

@@ -21,6 +21,7 @@ from fleet.gpus import (
     MIG_ENABLED,
     NO_DEVICES,
     NO_DRIVER,
+    NO_NVIDIA_SMI,
     OLD_NVIDIA_SMI,
     QUERY_FIELDS,
     QUERY_FIELDS_NO_CC,
@@ -33,6 +34,7 @@ from fleet.gpus import (
     capability_from_name,
     classify_nvidia_error,
     mig_problem,
+    missing_nvidia_smi,
     parse_compute_capability,
     parse_driver_version,
     parse_query_csv,
@@ -998,14 +1000,87 @@ def test_fact_reports_errors_without_failing(
     assert (fact["driver"] and fact["driver"].text, fact["driver_source"]) == driver
 
 
-def test_fact_without_nvidia_smi_is_no_driver(tmp_path: Path) -> None:
-    """No nvidia-smi on PATH: NvidiaGpus says no_driver; NvidiaDriver still reads /proc, here the Jetson of
-    proc_version/aarch64-open-jetson-35.3.1.txt."""
+def test_fact_without_nvidia_smi_or_driver_is_no_driver(tmp_path: Path) -> None:
+    """No nvidia-smi on PATH, no /proc/driver/nvidia/version, no module on disk: no driver at all."""
+    fact = run_fact(NvidiaGpus(), {}, None)
+    assert (fact["problem"], fact["driver"], fact["driver_source"]) == (NvidiaProblem(NO_DRIVER), None, None)
+    assert fact["problem"].message("gpu-3").startswith(
+        "gpu-3: nvidia-smi is not installed and no NVIDIA driver is loaded. Install the NVIDIA driver")
+
+
+def test_fact_loaded_driver_without_nvidia_smi_says_so() -> None:
+    """No nvidia-smi on PATH while /proc shows a loaded driver, here the open kernel module of
+    proc_version/x86_64-open-525.60.11-arch.txt: the tools are missing, not the driver."""
+    proc = str(FIXTURES / "proc_version/x86_64-open-525.60.11-arch.txt")
+    fact = run_fact(NvidiaGpus(), {}, None, proc=proc)
+    assert (str(fact["driver"]), fact["driver_source"]) == ("525.60.11", "proc")
+    assert fact["problem"] == NvidiaProblem(NO_NVIDIA_SMI, "525.60.11")
+    assert fact["problem"].blocking and fact["gpus"] == []
+    assert fact["problem"].message("gpu-3") == (
+        "gpu-3: the NVIDIA driver 525.60.11 is loaded (/proc/driver/nvidia/version) but nvidia-smi is not "
+        "installed/not on PATH: install the driver's utilities package (nvidia-utils-525 on Ubuntu, "
+        "nvidia-smi on Debian) for the loaded driver's version (nvidia-utils-525-server with Ubuntu's server "
+        "driver), or put the directory that holds nvidia-smi on the PATH of the deploy login's "
+        "non-interactive shell; fleet reads the GPUs through it."
+    )
+
+
+@pytest.mark.parametrize(
+    ("fixture", "version", "branch"),
+    [
+        ("proc_version/x86_64-proprietary-384.98.txt", "384.98", "384"),
+        ("proc_version/x86_64-open-555.58-gentoo-nvrm-line-only.txt", "555.58", "555"),
+        ("proc_version/x86_64-proprietary-515.76-ubuntu18.04-DEPREFIXED.txt", "515.76", "515"),
+    ],
+)
+def test_fact_names_the_utils_package_of_the_loaded_branch(fixture: str, version: str, branch: str) -> None:
+    """As above for each x86_64 /proc capture (named by the parameter): the package follows its branch."""
+    fact = run_fact(NvidiaGpus(), {}, None, proc=str(FIXTURES / fixture))
+    assert fact["problem"] == NvidiaProblem(NO_NVIDIA_SMI, version)
+    assert f"the NVIDIA driver {version} is loaded" in fact["problem"].message("h")
+    assert f"(nvidia-utils-{branch} on Ubuntu, nvidia-smi on Debian)" in fact["problem"].message("h")
+
+
+def test_fact_jetson_without_nvidia_smi() -> None:
+    """No nvidia-smi on the Jetson of proc_version/aarch64-open-jetson-35.3.1.txt: its L4T driver is loaded;
+    the message names it and says vLLM's wheels are not for Jetson, not which Ubuntu package to add."""
     jetson = str(FIXTURES / "proc_version/aarch64-open-jetson-35.3.1.txt")
     fact = run_fact(NvidiaGpus(), {}, None, proc=jetson)
-    assert fact["problem"] == NvidiaProblem(NO_DRIVER)
+    assert fact["problem"] == NvidiaProblem(NO_NVIDIA_SMI, "L4T 35.3.1")
+    message = fact["problem"].message("orin")
+    assert message.startswith("orin: the NVIDIA driver L4T 35.3.1 is loaded (/proc/driver/nvidia/version) "
+                              "but nvidia-smi is not installed/not on PATH: this is a Jetson (L4T)")
+    assert "nvidia-utils" not in message
     assert run_fact(NvidiaDriver(), {}, None, proc=jetson) == DriverVersion((35, 3, 1), "35.3.1", l4t=True)
     assert str(run_fact(NvidiaDriver(), {}, None, proc=jetson)) == "L4T 35.3.1"
+
+
+def test_fact_module_on_disk_without_nvidia_smi(tmp_path: Path) -> None:
+    """No nvidia-smi and no /proc file, but `modinfo nvidia` finds the module (its line from errors/nvidia-
+    smi-failed-couldnt-communicate-aws-g5-450.142.00-with-modinfo.txt): installed, not loaded."""
+    aws = FIXTURES / "errors/nvidia-smi-failed-couldnt-communicate-aws-g5-450.142.00-with-modinfo.txt"
+    modinfo = tmp_path / "modinfo"
+    modinfo.write_text(f"#!/bin/sh\ntail -n 1 '{aws}'\n")
+    modinfo.chmod(0o755)
+    fact = run_fact(NvidiaGpus(), {}, None, modinfo=str(modinfo))
+    on_disk = "kernel module 450.142.00 is on disk (modinfo) but not loaded"
+    assert fact["problem"] == NvidiaProblem(NO_DRIVER, on_disk)
+    assert "(kernel module 450.142.00 is on disk (modinfo) but not loaded)" in fact["problem"].message("g5")
+
+
+def test_missing_nvidia_smi_rule() -> None:
+    v = DriverVersion.parse("550.54.15")
+    assert missing_nvidia_smi(v, "proc") == NvidiaProblem(NO_NVIDIA_SMI, "550.54.15")
+    assert missing_nvidia_smi(None, None) == NvidiaProblem(NO_DRIVER)
+    assert missing_nvidia_smi(v, "modinfo").kind == NO_DRIVER
+
+
+def test_fact_commands_only_read() -> None:
+    """The facts are read-only: their shell runs nvidia-smi queries, cat and modinfo, nothing that writes."""
+    for fact in (NvidiaGpus(), NvidiaDriver()):
+        command = fact.command()
+        for verb in ("modprobe", "rmmod", "apt", "install ", " -pm", "-mig", " > /", ">>", "tee ", "rm "):
+            assert verb not in command, (type(fact).__name__, verb)
 
 
 def test_driver_fact_from_modinfo(tmp_path: Path, fake_bin: Path) -> None:

@@ -116,6 +116,59 @@ def test_missing_heads_default_to_mha_and_dtype_key_spellings() -> None:
         4, 16, "float16", "unknown")
 
 
+# --- context length as vLLM derives it ----------------------------------------------------------------
+# rope_scaling values are the published ones: DeepSeek-V2-Lite-Chat's config.json (trimmed from the
+# fixture), the YaRN block Qwen2.5-7B-Instruct's model card says to add for long texts, Gemma 3's linear 8x,
+# Phi-3-mini-128k-instruct's LongRoPE ("su" in its first revision), c4ai-command-r-v01's model_max_length.
+DEEPSEEK_YARN = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                 "original_max_position_embeddings": 4096, "type": "yarn"}
+QWEN_YARN = {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}
+
+
+@pytest.mark.parametrize(("name", "extra", "limits"), [
+    # llama3 RoPE: max_position_embeddings (131072) is already the extended length, not 8 x it
+    ("Llama-3.1-8B-Instruct", {}, (131072, 131072)),
+    ("Qwen3-30B-A3B", {}, (40960, 40960)),
+    # YaRN: original x factor = 4096 x 40, here equal to max_position_embeddings
+    ("DeepSeek-V2-Lite-Chat", {"rope_scaling": DEEPSEEK_YARN}, (163840, 163840)),
+    # the same in transformers v5's spelling
+    ("DeepSeek-V2-Lite-Chat", {"rope_parameters": {**DEEPSEEK_YARN, "rope_type": "yarn"}}, (163840, 163840)),
+    # YaRN beyond max_position_embeddings: 32768 x 4
+    ("Qwen2.5-7B-Instruct", {}, (32768, 32768)),
+    ("Qwen2.5-7B-Instruct", {"rope_scaling": QWEN_YARN}, (131072, 131072)),
+])
+def test_context_limit_of_fixture_configs(name: str, extra: dict, limits: tuple[int, int]) -> None:
+    info = from_config({**fixture(name), **extra})
+    assert (info.context_limit, info.default_max_model_len) == limits
+
+
+def test_context_limit_rules() -> None:
+    base = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}
+    # Gemma 3 states its scaled length already (vLLM skips the factor for it)
+    gemma = {**base, "model_type": "gemma3_text", "max_position_embeddings": 131072,
+             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
+    assert modelinfo.context_lengths(gemma) == (131072, 131072)
+    # any other model with linear scaling: x factor; per-layer-type rope_parameters (transformers v5)
+    assert modelinfo.context_lengths({**gemma, "model_type": "other"}) == (1048576, 1048576)
+    per_layer = {**base, "max_position_embeddings": 8192, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0},
+        "sliding_attention": {"rope_type": "default"}}}
+    assert modelinfo.context_lengths(per_layer) == (32768, 32768)
+    # LongRoPE: the limit is max_position_embeddings; unset, vLLM serves the original (short) length
+    phi3 = {**base, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"long_factor": [1.0], "short_factor": [1.0], "type": "longrope"}}
+    assert modelinfo.context_lengths(phi3) == (131072, 4096)
+    assert modelinfo.context_lengths({**phi3, "rope_scaling": {"type": "su"}}) == (131072, 4096)
+    # the smallest length key wins, except model_max_length, which overrides
+    assert modelinfo.context_lengths({**base, "max_position_embeddings": 4096, "seq_length": 2048}) == (
+        2048, 2048)
+    command_r = {**base, "max_position_embeddings": 8192, "model_max_length": 131072}
+    assert modelinfo.context_lengths(command_r) == (131072, 131072)
+    assert modelinfo.context_lengths(base) == (None, None)
+    info = from_config(base)
+    assert (info.context_limit, info.default_max_model_len) == (None, None)
+
+
 @pytest.mark.parametrize(("qcfg", "expected"), [
     ({"quant_method": "awq", "bits": 4, "group_size": 128}, ("awq", 4)),
     ({"quant_method": "awq", "w_bit": 4}, ("awq", 4)),

@@ -79,7 +79,7 @@ def test_eight_gpus_twelve_heads_uses_four_with_a_warning() -> None:
 
 def test_choose_tensor_parallel_directly() -> None:
     assert choose_tensor_parallel(HOST, "a", 8, None, 12, 12) == (4, [
-        f"{HOST}: instance a: 8 GPUs do not divide the model's 12 attention heads; using "
+        f"{HOST}: vllm.instances[a]: 8 GPUs do not divide the model's 12 attention heads; using "
         "tensor-parallel-size 4 (4 GPU(s) idle)"])
     tp, warn = choose_tensor_parallel(HOST, "a", 6, None, 40, 8)
     assert tp == 4
@@ -308,13 +308,13 @@ def test_cuda_host_flags_and_environment() -> None:
         "model": "/var/lib/vllm/models/qwen",
         "served-model-name": "qwen",
         "dtype": "bfloat16",
-        "trust-remote-code": False,
+        "no-trust-remote-code": True,
         "gpu-memory-utilization": 0.9,
         "max-num-seqs": 256,
         "block-size": 16,
         "tensor-parallel-size": 2,
         "pipeline-parallel-size": 1,
-        "enforce-eager": False,
+        "no-enforce-eager": True,
         "host": "127.0.0.1",
         "port": 8000,
         "shutdown-timeout": 30,
@@ -419,3 +419,39 @@ def test_variant_chooser_gets_the_spec_and_facts() -> None:
     facts = HostFacts(gpus=gpus(2), driver="580.95.05")
     plan({"model": M, "version": "0.33.0", "variant": "cu129"}, facts, choose_variant=spy)
     assert seen == [("0.33.0", "cuda", "580.95.05", gpus(2), "cu129")]
+
+
+def test_variant_chosen_for_the_gpus_the_instances_use() -> None:
+    seen: list[tuple[int, ...]] = []
+
+    def spy(version: str, accelerator: str, driver: Any, gpu_list: list, override: str | None) -> Any:
+        seen.append(tuple(g.index for g in gpu_list))
+        return fake_variant(version, accelerator, driver, gpu_list, override)
+
+    plan({"model": M, "gpus": [1, 2]}, HostFacts(gpus=gpus(4)), choose_variant=spy)
+    assert seen == [(0, 1, 2, 3), (1, 2)]
+
+
+def test_loaded_driver_without_nvidia_smi_refused_naming_the_package() -> None:
+    from fleet.gpus import NO_NVIDIA_SMI, NvidiaProblem
+
+    lines = refused({"model": M}, HostFacts(nvidia_problem=NvidiaProblem(NO_NVIDIA_SMI, "525.60.11")))
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        f"{HOST}: the NVIDIA driver 525.60.11 is loaded (/proc/driver/nvidia/version) but nvidia-smi is not "
+        "installed/not on PATH: install the driver's utilities package (nvidia-utils-525 on Ubuntu, "
+        "nvidia-smi on Debian)")
+
+
+def test_messages_name_instances_by_their_field_path() -> None:
+    """Every planner warning or refusal about an instance names it as vllm.instances[<name>]."""
+    lines = list(plan({"model": M}, HostFacts(gpus=gpus(8)), configs=heads(12)).warnings)
+    lines += plan({"instances": [{"name": "a", "model": M, "gpus": 4,
+                                  "flags": {"tensor_parallel_size": 2}}]}, HostFacts(gpus=gpus(4))).warnings
+    lines += refused(two(3, 2), HostFacts(gpus=gpus(4)))
+    lines += refused({"model": M, "flags": {"tensor_parallel_size": 8}}, HostFacts(gpus=gpus(8)),
+                     configs=heads(12))
+    assert len(lines) == 4
+    for line in lines:
+        assert line.startswith(f"{HOST}: vllm.instances["), line
+        assert " instance a:" not in line and " instance default:" not in line

@@ -132,7 +132,7 @@ def test_a10g_refusal_message() -> None:
     # 21,960,335,360 / 24,146,608,128 = 0.9095 -> 0.91.
     assert not est.fits
     assert est.refusal("lab1", "default") == (
-        "lab1: instance default: needs 20.5 GiB per GPU, has 20.2 GiB at 0.90 (22.5 GiB A10G): "
+        "lab1: vllm.instances[default]: needs 20.5 GiB per GPU, has 20.2 GiB at 0.90 (22.5 GiB A10G): "
         "weights 15.0 GiB + KV for one 32768-token sequence 4.0 GiB + overhead 1.5 GiB; "
         "ways out: max_model_len <= 30976, or tensor_parallel_size 2, or kv_cache_dtype fp8, "
         "or gpu_memory_utilization 0.91"
@@ -151,9 +151,57 @@ def test_70b_on_one_80g_gpu_needs_tp() -> None:
     assert "ways out: tensor_parallel_size 2" in est.refusal("gpu7", "big")
     for way in est.ways_out:
         assert estimate_settings(L70B, way.settings).fits
-    assert not estimate(L70B, max_model_len=8192, gpu_memory_total_mib=H100_MIB, max_tp=1).ways_out
-    assert "no single setting change fits" in estimate(
-        L70B, max_model_len=8192, gpu_memory_total_mib=H100_MIB, max_tp=1).refusal("gpu7", "big")
+
+
+
+def test_tp_beyond_the_instance_gpus_is_said_as_more_gpus() -> None:
+    # The same 70B with one GPU for the instance (max_tp 1): TP 2 is no way out the planner would accept
+    # for it, so it comes as "more GPUs", with whether this host has them.
+    one = estimate(L70B, max_model_len=8192, gpu_memory_total_mib=H100_MIB, gpu_name="H100", max_tp=1)
+    assert one.ways_out == ()
+    assert one.more_gpus is not None and one.more_gpus.value == 2
+    assert estimate_settings(L70B, one.more_gpus.settings).fits
+    # 81559 MiB = 79.6 GiB
+    assert one.refusal("gpu7", "big", host_gpus=1).endswith(
+        "; ways out: more GPUs than this instance has (1): tensor_parallel_size 2 over 2 GPUs, so a host "
+        "with 2 GPUs of 79.6 GiB (this one has 1)")
+    assert one.refusal("gpu7", "big", host_gpus=4).endswith(
+        "; ways out: more GPUs than this instance has (1): tensor_parallel_size 2 over 2 GPUs "
+        "(gpus: 2; this host has 4)")
+    assert "tensor_parallel_size 2 over 2 GPUs of 79.6 GiB" in one.refusal("gpu7", "big")
+    # Llama-3.1-70B has 64 attention heads, so TP stops at 64: on 2 GiB cards (budget 1.8 GiB) even its
+    # weights at TP 64, 141,107,412,992 / 64 B = 2.05 GiB, do not fit.
+    none = estimate(L70B, max_model_len=8192, gpu_memory_total_mib=2048, max_tp=1)
+    assert (none.ways_out, none.more_gpus) == ((), None)
+    assert none.refusal("gpu7", "big").endswith("; no single setting change fits: use GPUs with more memory")
+
+
+def test_tp_ways_out_stay_within_max_tp_and_the_heads_rule() -> None:
+    # Qwen2.5-7B: 28 heads, 4 KV heads, so the planner's rule allows TP 1, 2, 4 and 28 (3 does not divide
+    # 28; 7 and 14 divide it but neither split nor replicate the 4 KV heads). On 8 GiB cards (budget
+    # 7.2 GiB) its 14.19 GiB of weights need TP 4 (3.55 GiB each; TP 2 leaves 7.1 GiB). With 3 GPUs for
+    # the instance TP 4 is more GPUs than it has.
+    qwen = info("Qwen2.5-7B-Instruct")
+    est = estimate(qwen, max_model_len=4096, max_num_seqs=8, gpu_memory_total_mib=8192, max_tp=8)
+    assert [(w.flag, w.value) for w in est.ways_out if w.flag == "tensor_parallel_size"] == [
+        ("tensor_parallel_size", 4)]
+    assert est.more_gpus is None
+    three = estimate(qwen, max_model_len=4096, max_num_seqs=8, gpu_memory_total_mib=8192, max_tp=3)
+    assert not [w for w in three.ways_out if w.flag == "tensor_parallel_size"]
+    assert three.more_gpus is not None and three.more_gpus.value == 4
+
+
+def test_max_model_len_way_out_stays_within_the_model_limit() -> None:
+    # Llama-3.1-8B's limit is 131072 (llama3 RoPE: max_position_embeddings already extended). Asked for
+    # 1,048,576 tokens on an H100, the KV room (446,304 tokens, test_too_few_kv_slots_...) would allow more
+    # than the model takes, so the way out is the model's limit, named as such.
+    est = estimate(L8B, max_model_len=1_048_576, max_num_seqs=1, gpu_memory_total_mib=H100_MIB)
+    lengths = [w for w in est.ways_out if w.flag == "max_model_len"]
+    assert [(w.value, str(w)) for w in lengths] == [(131072, "max_model_len <= 131072 (the model's limit)")]
+    cpu = estimate_cpu(L8B, max_model_len=1_048_576, max_num_seqs=1, kvcache_gib=64)
+    # 64 GiB / 128 KiB per token = 524,288 tokens > 131072
+    assert not cpu.fits
+    assert cpu.refusal("lab2", "default").endswith("or max_model_len <= 131072 (the model's limit)")
 
 
 def test_too_few_kv_slots_is_concurrency_not_refusal() -> None:
@@ -188,14 +236,19 @@ def test_cpu_tiny_model_matches_vllm_log() -> None:
 
 
 def test_cpu_refusal() -> None:
-    # One 4,194,304-token sequence x 512 B = 2 GiB > 1 GiB of VLLM_CPU_KVCACHE_SPACE.
+    # One 4,194,304-token sequence x 512 B = 2 GiB > 1 GiB of VLLM_CPU_KVCACHE_SPACE. The 1 GiB holds
+    # 2,097,152 tokens, but the tiny model's max_position_embeddings is 2048, so that is the length offered.
     est = estimate_cpu(TINY, max_model_len=4_194_304, max_num_seqs=1, kvcache_gib=1)
     assert not est.fits and est.min_kvcache_gib == 2
     assert est.refusal("lab2", "default") == (
-        "lab2: instance default: one 4194304-token sequence needs 2.00 GiB of KV cache, "
+        "lab2: vllm.instances[default]: one 4194304-token sequence needs 2.00 GiB of KV cache, "
         "VLLM_CPU_KVCACHE_SPACE gives 1 GiB (2,097,152 tokens); ways out: VLLM_CPU_KVCACHE_SPACE=2, "
-        "or max_model_len <= 2097152"
+        "or max_model_len <= 2048 (the model's limit)"
     )
+    # a model without a stated limit gets the length the space holds
+    unbounded = dataclasses.replace(TINY, max_position_embeddings=None, max_model_len_limit=None)
+    assert estimate_cpu(unbounded, max_model_len=4_194_304, max_num_seqs=1, kvcache_gib=1).refusal(
+        "lab2", "default").endswith("or max_model_len <= 2097152")
 
 
 # --- properties ----------------------------------------------------------------------------------------
@@ -277,16 +330,23 @@ def test_ways_out_always_fit(m: ModelInfo, data: st.DataObject, length: int, seq
                    if getattr(way.settings, f.name) != getattr(est.settings, f.name)}
         assert changed == {FIELD.get(way.flag, way.flag)}
         if way.flag == "max_model_len":
-            assert way.value % 256 == 0 and way.value < length
-            if way.value + 256 < length:  # the largest such length: one step more does not fit
+            limit = m.context_limit or length
+            assert way.value < length and way.value <= limit
+            assert way.value % 256 == 0 or way.value == limit
+            if way.value + 256 < length and way.value < limit:  # the largest: one step more does not fit
                 bigger = dataclasses.replace(est.settings, max_model_len=way.value + 256)
                 assert not estimate_settings(m, bigger).fits
         if way.flag == "tensor_parallel_size":
-            assert sizing.valid_tp(m, way.value) and way.value & (way.value - 1) == 0
-            for smaller in (t for t in valid_tps(m) if tp < t < way.value):  # the smallest TP that fits
-                assert not estimate_settings(m, dataclasses.replace(est.settings, tp=smaller)).fits
+            assert sizing.valid_tp(m, way.value) and tp < way.value <= sizing.DEFAULT_MAX_TP
+            for smaller in range(tp + 1, way.value):  # the smallest TP that fits
+                if sizing.valid_tp(m, smaller):
+                    assert not estimate_settings(m, dataclasses.replace(est.settings, tp=smaller)).fits
         if way.flag == "gpu_memory_utilization":
             assert est.settings.gpu_memory_utilization < way.value <= 0.95
+    tps = [w for w in est.ways_out if w.flag == "tensor_parallel_size"]
+    if est.more_gpus is not None:  # only when no TP the instance has fits
+        assert not tps and est.more_gpus.value > sizing.DEFAULT_MAX_TP
+        assert estimate_settings(m, est.more_gpus.settings).fits
 
 
 # --- docs ----------------------------------------------------------------------------------------------
