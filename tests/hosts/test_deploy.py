@@ -12,8 +12,10 @@ def test_first_deploy_serves_on_both_hosts(deployed, lab_hosts):
     for r in deployed.smoke:
         assert r["ok"], r
         names = {c["name"]: c for c in r["checks"]}
-        assert set(names) == {"health", "models", "completion", "no-key-401"}
+        assert set(names) == {"health", "models", "completion", "no-key-401", "config"}
         assert names["completion"]["detail"] == "4 tokens"
+        # the start-up log confirmed every setting that differs from vLLM's own defaults
+        assert names["config"]["detail"].endswith("in the log")
     for h in lab_hosts:
         assert unit_props(h)["ActiveState"] == "active"
         assert on(h, "readlink /opt/vllm/current").strip() == "releases/0.32.0-cpu"
