@@ -61,7 +61,7 @@ class ServeFlags(BaseModel):
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", json_schema_extra=_meta()
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, json_schema_extra=_meta())
-    quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors", "awq_marlin",
+    quantization: Literal["awq", "gptq", "fp8", "compressed-tensors", "awq_marlin",
                           "gptq_marlin", "modelopt", "mxfp4"] | None = Field(
         None, json_schema_extra=_meta())
     trust_remote_code: bool = Field(False, json_schema_extra=_meta())

@@ -234,56 +234,95 @@ def _kv_layers(cfg: Mapping[str, Any], num_layers: int) -> int | None:
 
 # The keys vLLM reads for the context length (ModelConfig's max-length derivation): the smallest wins,
 # except model_max_length (Command-R, Cohere), which overrides them.
-_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# vllm/config/model.py _get_and_verify_max_len: RoPE types whose max_position_embeddings already counts
+# the scaling, so their factor is not applied again (YaRN included, since 0.31)
+ROPE_ALREADY_SCALED = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+# vllm/transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+@dataclass(frozen=True)
+class ContextLength:
+    """vLLM's derived max_model_len: the limit a set value may not exceed, the key it came from, and
+    what vLLM uses when the flag is unset (LongRoPE starts in its short mode)."""
+
+    limit: int
+    key: str
+    default: int
+    rope_factor: float = 1.0
+    model_max_length: int | None = None
+    yarn: bool = False  # YaRN's factor is not applied: vLLM takes max_position_embeddings as scaled
 
 
-def _number(value: Any) -> bool:
+def _num(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's own config (vLLM's hf_text_config); the top level for text-only models."""
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, Mapping) and sub.get("num_attention_heads") is not None:
+            return sub
+    return config
+
+
 def _rope_entries(cfg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """RoPE settings as a list: transformers v5 may key ``rope_parameters`` by layer type."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
     if not isinstance(rope, Mapping) or not rope:
         return []
-    if all(isinstance(v, Mapping) for v in rope.values()):
-        return list(rope.values())
+    if all(isinstance(v, Mapping) or v is None for v in rope.values()):  # keyed by layer type
+        return [v for v in rope.values() if isinstance(v, Mapping) and v]
     return [rope]
 
 
-def _rope_type(entry: Mapping[str, Any]) -> str | None:
-    kind = entry.get("rope_type", entry.get("type"))
-    return "longrope" if kind == "su" else (str(kind) if kind is not None else None)
+def _rope_type(entry: Mapping[str, Any]) -> str:
+    kind = str(entry.get("rope_type", entry.get("type", "default")))
+    return {"su": "longrope", "mrope": "default", "telechat3-yarn": "yarn"}.get(kind, kind)
+
+
+def context_length(config: Mapping[str, Any], *,
+                   disable_sliding_window: bool = False) -> ContextLength | None:
+    """vLLM's derived max_model_len from config.json, or None when config.json names no length key.
+
+    Mirrors ``_get_and_verify_max_len`` (vllm/config/model.py, 0.31.0-0.33.0): the smallest of the length
+    keys (``model_max_length`` overrides them), capped by an in-force sliding window when
+    ``--disable-sliding-window`` is set, times the RoPE factor unless the type already counts it or the
+    model is a Gemma 3. None without a key, because transformers then fills in its per-family default.
+
+    """
+    cfg = text_config(config)
+    found = [(cfg[k], k) for k in MAX_LEN_KEYS if _num(cfg.get(k))]
+    if not found:
+        return None
+    derived, key = min(found)
+    mml = cfg.get("model_max_length") if _num(cfg.get("model_max_length")) else None
+    if mml is not None:
+        derived, key = mml, "model_max_length"
+    sliding = cfg.get("sliding_window")
+    if (disable_sliding_window and _num(sliding) and cfg.get("use_sliding_window") is not False
+            and sliding < derived):
+        derived, key = sliding, "sliding_window"
+    entries = _rope_entries(cfg)
+    factor = 1.0
+    if entries and "gemma3" not in str(cfg.get("model_type") or ""):
+        for entry in entries:
+            if _rope_type(entry) not in ROPE_ALREADY_SCALED:
+                factor = entry.get("factor", factor)
+        factor = float(factor) if _num(factor) else 1.0
+    limit = int(derived * factor)
+    default = limit
+    original = cfg.get("original_max_position_embeddings")
+    if any(_rope_type(e) == "longrope" for e in entries) and _num(original):
+        default = int(original)
+    yarn = any(_rope_type(e) in ("yarn", "deepseek_yarn") for e in entries)
+    return ContextLength(limit, key, default, factor, int(mml) if mml else None, yarn)
 
 
 def context_lengths(cfg: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """(the longest max_model_len vLLM accepts, the one it uses when the flag is unset), as vLLM derives
-    them from config.json; (None, None) when no length key is there (vLLM then assumes 2048 and warns).
-
-    Why not max_position_embeddings alone: a YaRN config (DeepSeek-V2, Qwen2.5 with the model card's
-    rope_scaling) serves ``original_max_position_embeddings x factor`` tokens, which may exceed it.
-    """
-    lengths = [cfg[k] for k in _MAX_LEN_KEYS if _number(cfg.get(k))]
-    if not lengths:
-        return None, None
-    derived: float = cfg["model_max_length"] if _number(cfg.get("model_max_length")) else min(lengths)
-    entries = _rope_entries(cfg)
-    if entries and "gemma3" not in str(cfg.get("model_type") or ""):
-        factor = 1.0
-        for entry in entries:
-            if _rope_type(entry) in ("longrope", "llama3"):
-                continue  # these configs already state the extended length
-            if _number(entry.get("factor")):
-                factor = float(entry["factor"])
-            if _rope_type(entry) == "yarn" and _number(entry.get("original_max_position_embeddings")):
-                derived = entry["original_max_position_embeddings"]
-        derived *= factor
-    limit = int(derived)
-    original = cfg.get("original_max_position_embeddings")
-    if any(_rope_type(e) == "longrope" for e in entries) and _number(original):
-        return limit, int(original)  # vLLM's default keeps LongRoPE in its short mode
-    return limit, limit
+    """(the longest max_model_len vLLM accepts, the one it uses when the flag is unset); (None, None)
+    when no length key is there (vLLM then assumes 2048 and warns)."""
+    found = context_length(cfg)
+    return (found.limit, found.default) if found else (None, None)
 
 
 def from_config(config: Mapping[str, Any], weight_bytes: int | None = None) -> ModelInfo:

@@ -18,6 +18,7 @@ from fleet.gpus import Gpu
 from fleet.modelinfo import ModelInfoError, from_config
 from fleet.sizing import estimate, estimate_cpu
 from fleet.spec import HostSpec, InstanceSpec, SpecError
+from fleet.startup import startup_refusals
 from fleet.variants import unusable_gpus
 
 RELEASES_DIR = "/opt/vllm/releases"
@@ -48,6 +49,8 @@ class HostFacts:
     interfaces: Mapping[str, str] = field(default_factory=dict)
     # systemd can enforce IPAddressAllow= (cgroup v2)
     ip_filtering: bool = True
+    # who listens on which port, the lowest unprivileged port (fleet.startup.HostPorts); None: not read
+    ports: Any = None
 
 
 @dataclass(frozen=True)
@@ -425,6 +428,11 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.cpu_kvcache_gib)
     env.update(inst.env)
+    refused = startup_refusals(host, inst.name, flags, vllm_version=spec.version,
+                               accelerator=spec.accelerator, gpus=gpus, model_config=model_config,
+                               cpu_flags=facts.cpu_flags, environment=env, ports=facts.ports)
+    if refused:
+        raise SpecError(refused)
 
     return InstancePlan(
         name=inst.name, unit=f"vllm-{inst.name}.service",

@@ -7,7 +7,7 @@ Three steps, each catching what the one before cannot:
 1. exact option names (vLLM's parser accepts abbreviations: `--max-model 512` passes);
 2. vLLM's parser on the file (`serve --config`), then every setting of the file compared with the
    namespace it produced: a dropped `false` or a list value whose words override another flag
-   (`[hermes, --host, 0.0.0.0]`) is a difference, so a refusal;
+   (`[hermes, --host, 0.0.0.0]`) is a difference, so a refusal; then `serve`'s own argument checks;
 3. for a model on this host's disk, vLLM's own engine config built from that namespace
    (EngineArgs.create_engine_config: the model's config.json, quantization, context length, cache,
    scheduler and parallel checks), offline, and its settings compared with the file's.
@@ -87,6 +87,11 @@ def main(argv: list[str]) -> int:
     diff = _namespace_differences(config, options, ns)
     if diff:
         return _refuse("vLLM would not run with what the file says: " + "; ".join(diff))
+    try:  # what `vllm serve` checks right after parsing (tool-call parser, chat template, ...)
+        with contextlib.redirect_stdout(io.StringIO()):
+            ServeSubcommand().validate(ns)
+    except Exception as e:
+        return _refuse(f"vLLM would refuse to start: {_one_line(e)}")
     model = getattr(ns, "model_tag", None) or getattr(ns, "model", None)
     if model and os.path.isdir(model):
         from vllm.engine.arg_utils import AsyncEngineArgs

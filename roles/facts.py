@@ -8,6 +8,7 @@ file manifest.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -17,6 +18,45 @@ from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR
 # what tells whether a unit is enabled, running, and restarted since it was last read
 UNIT_PROPERTIES = ("-p ActiveState -p SubState -p MainPID -p UnitFileState -p ActiveEnterTimestampMonotonic "
                    "-p NRestarts")
+
+
+# ss -ltnp: "LISTEN 0 4096 127.0.0.1:8000 0.0.0.0:* users:(("vllm",pid=2201,fd=27),...)"
+_SS_USER = re.compile(r'\("([^"]*)",pid=(\d+),')
+# the last *.service in a cgroup path: "0::/system.slice/vllm-default.service" (v2), or the v1
+# "1:name=systemd:/system.slice/ssh.service"; user@1000.service/app.slice/x.service names x.service
+_SERVICE = re.compile(r"([^/\s]+\.service)(?=/|\s|$)")
+
+
+def _listeners(lines: list[str], cgroups: list[str]) -> list[dict] | None:
+    """TCP listeners from ``ss -ltnp`` with the systemd unit of each socket's first process; None when
+    ss printed nothing at all (not installed), so callers can tell "none" from "not read"."""
+    if not lines:
+        return None
+    units = {}
+    for line in cgroups:  # "<pid> <cgroup line>"
+        pid, _, path = line.partition(" ")
+        found = _SERVICE.findall(path)
+        if pid.isdigit():
+            units[int(pid)] = found[-1] if found else None
+    out = []
+    for line in lines:
+        words = line.split()
+        if len(words) < 5 or words[0] != "LISTEN" or ":" not in words[3]:
+            continue  # the header, or a line this parser does not know
+        address, _, port = words[3].rpartition(":")
+        if not port.isdigit():
+            continue
+        address = address.strip("[]")
+        users = _SS_USER.findall(" ".join(words[5:]))
+        process, pid = (users[0][0], int(users[0][1])) if users else (None, None)
+        out.append({"address": address, "port": int(port), "process": process, "pid": pid,
+                    "unit": units.get(pid) if pid is not None else None})
+    return out
+
+
+def _int_or_none(lines: list[str]) -> int | None:
+    text = "".join(lines).strip()
+    return int(text) if text.isdigit() else None
 
 
 def _base_ok(lines: list[str]) -> bool:
@@ -39,7 +79,14 @@ class VllmHost(FactBase):
             "base_ok": True,
             "state": {...} or None,
             "interfaces": {"10.77.1.2": "host0", ...},
+            "unprivileged_port_start": 1024,
+            "listeners": [{"address": "127.0.0.1", "port": 8000, "process": "vllm", "pid": 378,
+                           "unit": "vllm-default.service"}, ...],
         }
+
+    ``unprivileged_port_start`` (None: the kernel has no such sysctl) and ``listeners`` (None: ``ss`` is
+    missing) tell fleet.startup whether vLLM can bind its port: the unit runs as user vllm without
+    capabilities, and a port another service holds fails the bind.
     """
 
     def command(self) -> str:
@@ -56,7 +103,15 @@ class VllmHost(FactBase):
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "
             # systemd enforces IPAddressAllow= only on the unified cgroup hierarchy (v2)
-            "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; true"
+            "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; "
+            # what decides whether vLLM can bind its port: the lowest unprivileged port, and each TCP
+            # listener with the unit of its process (ss once, then one cgroup line per listening pid)
+            "echo '## unprivileged_port_start'; "
+            "cat /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null; "
+            "echo '## listen'; L=$(ss -ltnp 2>/dev/null); [ -n \"$L\" ] && printf '%s\\n' \"$L\"; "
+            "echo '## listen_cgroups'; "
+            "for p in $(printf '%s\\n' \"$L\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un); do "
+            "echo \"$p $(grep -E '^0::|name=systemd:' /proc/$p/cgroup 2>/dev/null | head -n1)\"; done; true"
         )
 
     def process(self, output):
@@ -94,6 +149,9 @@ class VllmHost(FactBase):
             "state": state,
             "interfaces": interfaces,
             "ip_filtering": bool(sections.get("cgroup2")),
+            "unprivileged_port_start": _int_or_none(sections.get("unprivileged_port_start", [])),
+            "listeners": _listeners([ln for ln in sections.get("listen", []) if ln.strip()],
+                                    sections.get("listen_cgroups", [])),
         }
 
 

@@ -22,6 +22,7 @@ from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
 from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
+from fleet.startup import HostPorts
 from fleet.tables import columns
 from roles import install, lb, model, remote, service
 from roles.facts import HostModel, VllmHost
@@ -92,7 +93,7 @@ def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
         gpus, driver, problem = tuple(nv["gpus"]), nv["driver"], nv["problem"]
     return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
                      cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh["interfaces"],
-                     ip_filtering=vh["ip_filtering"]), vh
+                     ip_filtering=vh["ip_filtering"], ports=HostPorts.from_fact(vh)), vh
 
 
 def this_host(check_secrets: bool = True) -> HostSpec | None:

@@ -61,3 +61,91 @@ def test_the_command_is_valid_shell_and_a_host_without_units_has_no_states():
     assert out.returncode == 0, out.stderr
     found = VllmHost().process(out.stdout.splitlines())
     assert found["units"] == [] and found["unit_states"] == {}
+
+
+# --- ports: what fleet.startup needs to tell whether vLLM can bind its port ------------------------------
+# The new sections as this fact's command printed them on the project's dev machine (cgroup v1, a
+# python3 http.server started for the capture, a listener whose process ss cannot show); ss pads its
+# columns with trailing blanks, trimmed here.
+CAPTURED_DEV_PORTS = """\
+## unprivileged_port_start
+1024
+## listen
+State  Recv-Q Send-Q Local Address:Port  Peer Address:PortProcess
+LISTEN 0      5          127.0.0.1:18555      0.0.0.0:*    users:(("python3",pid=31464,fd=3))
+LISTEN 0      16         127.0.0.1:46201      0.0.0.0:*    users:(("pyinfra",pid=31232,fd=6))
+LISTEN 0      128          0.0.0.0:2024       0.0.0.0:*
+## listen_cgroups
+31232 9:name=systemd:/
+31464 9:name=systemd:/
+"""
+
+# ss's address forms (IPv4 with a scope, IPv6-only "[::]", dual-stack "*", an IPv4-mapped address) and
+# /proc/<pid>/cgroup lines in the cgroup v2 form systemd writes, vllm units and user services included.
+SYSTEMD_PORTS = """\
+## unprivileged_port_start
+80
+## listen
+State  Recv-Q Send-Q      Local Address:Port  Peer Address:PortProcess
+LISTEN 0      4096        127.0.0.53%lo:53         0.0.0.0:*    users:(("systemd-resolve",pid=642,fd=14))
+LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:* users:(("vllm",pid=378,fd=27),("python3",pid=380,fd=27))
+LISTEN 0      128                [::]:22              [::]:*    users:(("sshd",pid=901,fd=4))
+LISTEN 0      4096                  *:9100               *:*    users:(("node_exporter",pid=700,fd=3))
+LISTEN 0      511  [::ffff:127.0.0.1]:8080               *:*    users:(("node",pid=1500,fd=20))
+## listen_cgroups
+378 0::/system.slice/vllm-default.service
+642 0::/system.slice/systemd-resolved.service
+700 0::/system.slice/prometheus-node-exporter.service
+901 0::/system.slice/ssh.service
+1500 0::/user.slice/user-1000.slice/user@1000.service/app.slice/dev-server.service
+"""
+
+
+def test_listeners_from_a_real_ss_capture() -> None:
+    found = VllmHost().process(CAPTURED_DEV_PORTS.splitlines())
+    assert found["unprivileged_port_start"] == 1024
+    assert found["listeners"] == [
+        {"address": "127.0.0.1", "port": 18555, "process": "python3", "pid": 31464, "unit": None},
+        {"address": "127.0.0.1", "port": 46201, "process": "pyinfra", "pid": 31232, "unit": None},
+        {"address": "0.0.0.0", "port": 2024, "process": None, "pid": None, "unit": None},
+    ]
+
+
+def test_listeners_name_their_systemd_unit_and_address_form() -> None:
+    found = VllmHost().process(SYSTEMD_PORTS.splitlines())
+    assert found["unprivileged_port_start"] == 80
+    by_port = {li["port"]: li for li in found["listeners"]}
+    assert by_port[53]["address"] == "127.0.0.53%lo" and by_port[53]["unit"] == "systemd-resolved.service"
+    assert by_port[8000] == {"address": "0.0.0.0", "port": 8000, "process": "vllm", "pid": 378,
+                             "unit": "vllm-default.service"}
+    assert by_port[22]["address"] == "::" and by_port[9100]["address"] == "*"
+    assert by_port[8080]["address"] == "::ffff:127.0.0.1"
+    assert by_port[8080]["unit"] == "dev-server.service"  # the innermost service, not user@1000.service
+
+
+def test_ports_unknown_without_ss_or_on_an_older_fact() -> None:
+    no_ss = VllmHost().process(["## unprivileged_port_start", "## listen", "## listen_cgroups"])
+    assert no_ss["unprivileged_port_start"] is None and no_ss["listeners"] is None
+    lab = VllmHost().process(CAPTURED_LAB1.splitlines())  # a capture from before these sections
+    assert lab["unprivileged_port_start"] is None and lab["listeners"] is None
+    header_only = VllmHost().process(["## listen", "State  Recv-Q Send-Q Local Address:Port  Peer"])
+    assert header_only["listeners"] == []  # ss ran and nothing listens
+
+
+def test_host_ports_from_the_fact() -> None:
+    from fleet.startup import HostPorts, Listener
+
+    fact = VllmHost().process((CAPTURED_LAB1 + SYSTEMD_PORTS).splitlines())
+    ports = HostPorts.from_fact(fact)
+    assert ports.unprivileged_port_start == 80 and ports.addresses == frozenset({"10.77.1.2"})
+    assert ports.listeners is not None
+    assert Listener("0.0.0.0", 8000, "vllm", 378, "vllm-default.service") in ports.listeners
+    assert [li.port for li in ports.listeners if li.ours] == [8000]
+    assert HostPorts.from_fact({}).listeners is None
+
+
+def test_the_command_reads_the_ports_here() -> None:
+    out = subprocess.run(["sh", "-c", VllmHost().command()], capture_output=True, text=True, timeout=30)
+    found = VllmHost().process(out.stdout.splitlines())
+    assert isinstance(found["unprivileged_port_start"], int)
+    assert found["listeners"] is None or all(isinstance(li["port"], int) for li in found["listeners"])
