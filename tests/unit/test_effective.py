@@ -76,3 +76,27 @@ def test_non_default_args_with_objects_fall_back_to_text() -> None:
     line = "INFO non-default args: {'port': 8001, 'compilation_config': CompilationConfig(mode=3, x=[1, 2])}"
     args = effective.parse_non_default(line)
     assert args["port"] == "8001" and args["compilation_config"].startswith("CompilationConfig(")
+
+
+def test_every_flag_the_lab_test_set_is_confirmed_by_its_real_start_up_log() -> None:
+    """lab2's log after tests/hosts/test_deploy.py's changed-flags deploy (booleans off and on, integers,
+    an extra_args integer and boolean off), against the config the planner renders for those flags."""
+    from fleet.flags import ServeFlags, render_flags
+
+    log = (FIX / "vllm-0.32.0-cpu-lab2-changed.log").read_text().splitlines()
+    flags = ServeFlags(model="/var/lib/vllm/models/tiny-llama", served_model_name="tiny-llama",
+                       dtype="bfloat16", max_model_len=384, max_num_seqs=4, max_num_batched_tokens=512,
+                       block_size=32, enable_prefix_caching=False, enable_chunked_prefill=False,
+                       enforce_eager=True, distributed_executor_backend="uni",
+                       extra_args={"seed": 7, "enable-log-requests": False})
+    config = render_flags(flags, "0.32.0", "cpu")
+    assert config["no-enable-prefix-caching"] is True and config["no-enable-log-requests"] is True
+    problems, confirmed = effective.check_log(config, log)
+    assert problems == []
+    # not in the log, all at vLLM's own defaults: trust-remote-code off, pipeline 1 (on the engine line
+    # both), port 8000 and request logging off (neither among the non-default args)
+    unconfirmed = set(effective.expected(config)) - {
+        k.replace("_", "-") for k in effective.from_log(log)[0]} - {
+        f for f, (_, key) in effective.ENGINE.items() if key}
+    assert unconfirmed == {"port", "enable-log-requests"}
+    assert confirmed == len(config) - 2
