@@ -27,12 +27,16 @@ def restart_command(unit: str) -> str:
 
 
 def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> bool:
-    """Put the rendered config aside for validation when the live one or the release would change;
-    True then (the caller validates). The staged copy is refreshed whenever it differs, so a
-    validation never reads an older config."""
+    """Put the rendered config aside for validation when the live one, the unit or the release would
+    change; True then (the caller validates). The unit counts because its environment is part of what
+    vLLM builds its config from. The staged copy is refreshed whenever it differs, so a validation
+    never reads an older config."""
     content = render.serve_config(plan, inst).encode()
+    unit = render.unit(plan, inst).encode()
     paths = instance_paths(inst)
-    if not (stale([(content, inst.config_path)], "root", "root", "644", paths) or release_changing):
+    if not (stale([(content, inst.config_path)], "root", "root", "644", paths)
+            or stale([(unit, f"/etc/systemd/system/{inst.unit}")], "root", "root", "644", paths)
+            or release_changing):
         return False
     staged = [(content, f"{STAGED}/{inst.name}.yaml")]
     if stale(staged, "root", "root", "600", paths):
