@@ -70,8 +70,8 @@ def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, i
         if inst.model.path:
             cfg = Path(inst.model.path) / "config.json"
             if not cfg.exists():
-                raise Refused(f"{host.name}: vllm.instances[{inst.name}].model.path: {cfg} does not exist "
-                              "on the controller")
+                raise Refused(f"refused, nothing was changed:\n  {host.name}: vllm.instances[{inst.name}]"
+                              f".model.path: {cfg} does not exist on the controller")
             configs[inst.name] = json.loads(cfg.read_text())
             weights[inst.name] = weight_bytes_from_dir(inst.model.path)
         elif inst.model.host_path:
