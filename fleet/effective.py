@@ -15,8 +15,9 @@ A difference is a refusal before the restart and a failed change (rolled back) a
 from __future__ import annotations
 
 import ast
+import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 # Rendered flag -> (attribute of vLLM's VllmConfig, key on the engine's start-up line or None).
@@ -27,7 +28,6 @@ ENGINE: dict[str, tuple[str, str | None]] = {
     "trust-remote-code": ("model_config.trust_remote_code", "trust_remote_code"),
     "dtype": ("model_config.dtype", "dtype"),
     "max-model-len": ("model_config.max_model_len", "max_seq_len"),
-    "quantization": ("model_config.quantization", "quantization"),
     "enforce-eager": ("model_config.enforce_eager", "enforce_eager"),
     "kv-cache-dtype": ("cache_config.cache_dtype", "kv_cache_dtype"),
     "enable-prefix-caching": ("cache_config.enable_prefix_caching", "enable_prefix_caching"),
@@ -40,12 +40,17 @@ ENGINE: dict[str, tuple[str, str | None]] = {
     "gpu-memory-utilization": ("cache_config.gpu_memory_utilization", None),
     # the CPU platform turns "uni" into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING=0
     "distributed-executor-backend": ("parallel_config.distributed_executor_backend", None),
+    "async-scheduling": ("scheduler_config.async_scheduling", None),
 }
+# Not compared with the engine: vLLM picks the kernel for a quantization method from the checkpoint and
+# the GPU (gptq -> gptq_marlin / auto_gptq, awq -> auto_awq), which is no change of setting; the plan
+# checks the method against the release and the checkpoint (fleet/startup.py).
 # Values vLLM resolves itself: "auto" is a request, not a setting the engine reports back.
 _UNRESOLVED = {"auto"}
 NO = "no-"
 NON_DEFAULT = "non-default args: "
-ENGINE_LINE = re.compile(r"Initializing a V\d LLM engine \(v[^)]*\) with config: ")
+ENGINE_MARK = " with config: "  # fixed strings: the host greps for both (grep -F)
+ENGINE_LINE = re.compile(r"Initializing a V[0-9] LLM engine \(v[^)]*\) with config: ")
 
 
 def expected(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,22 +64,35 @@ def expected(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def norm(value: Any) -> str:
-    """One spelling for a value however vLLM holds or prints it: torch.bfloat16, ['tiny'], 'x', 0.9."""
+def norm(value: Any, numbers: bool = True) -> str:
+    """One spelling for a value however vLLM holds or prints it: torch.bfloat16, ['tiny'], 'x', 0.9 and
+    0.90, 1 and 1.0, a JSON string and the dict vLLM parsed from it."""
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     if isinstance(value, (list, tuple)):
-        return " ".join(norm(v) for v in value)
+        return " ".join(norm(v, numbers) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
     text = str(value).strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         text = text[1:-1]
+    if text.startswith("{") and text.endswith("}"):
+        for load in (json.loads, ast.literal_eval):
+            try:
+                parsed = load(text)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(parsed, dict):
+                return json.dumps(parsed, sort_keys=True)
     if text.startswith("[") and text.endswith("]"):
-        return norm([p.strip() for p in text[1:-1].split(",") if p.strip()])
+        return norm([p.strip() for p in text[1:-1].split(",") if p.strip()], numbers)
     text = text.removeprefix("torch.")
-    try:
-        return repr(float(text)) if "." in text or "e" in text.lower() else str(int(text))
-    except ValueError:
-        return text
+    if numbers and text not in ("True", "False"):
+        try:
+            return repr(float(text))
+        except ValueError:
+            pass
+    return text
 
 
 def differences(want: Mapping[str, Any], actual: Mapping[str, Any], where: str) -> list[str]:
@@ -84,7 +102,7 @@ def differences(want: Mapping[str, Any], actual: Mapping[str, Any], where: str) 
         if key not in actual or norm(value) in _UNRESOLVED:
             continue
         if norm(value) != norm(actual[key]):
-            out.append(f"{key}: the plan says {norm(value)}, {where} {norm(actual[key])}")
+            out.append(f"{key}: the plan says {norm(value, False)}, {where} {norm(actual[key], False)}")
     return out
 
 
@@ -170,21 +188,30 @@ def from_log(lines: Iterable[str]) -> tuple[dict[str, Any], dict[str, str]]:
     return args, engine
 
 
-def check_log(config: Mapping[str, Any], lines: Iterable[str]) -> tuple[list[str], int]:
+def check_log(config: Mapping[str, Any], lines: Iterable[str],
+              at_default: Collection[str] | None = None) -> tuple[list[str], int]:
     """Compare a rendered config with a start-up log: (differences, settings the log confirmed).
 
     The engine line is the truth for the settings it prints (vLLM may resolve or override them while
-    building its config); the API server's non-default args for the rest. A setting equal to vLLM's own
-    default is absent from that line; the host check compared those before the restart.
+    building its config); the API server's non-default args for the rest. A setting equal to vLLM's
+    parser default is absent from that line: `at_default` names those, as the host check found them
+    before the restart (None: not known, such a setting is not counted). Any other setting missing from
+    both lines was not taken, so it is a difference.
     """
     args, engine = from_log(lines)
-    if not engine and not args:
-        return ["the start-up log has neither the engine's config line nor the non-default args line"], 0
+    missing = [name for name, found in (("the engine's config line", engine),
+                                        ("the API server's non-default args line", args)) if not found]
+    if missing:
+        return [f"the start-up log has no {' and no '.join(missing)} (vLLM logs both at INFO; journald "
+                "must keep them)"], 0
     want = expected(config)
     on_line = {flag: engine[key] for flag, (_, key) in ENGINE.items() if key and key in engine}
     in_args = {k.replace("_", "-"): v for k, v in args.items()}
     problems = differences({k: v for k, v in want.items() if k in on_line}, on_line, "vLLM runs with")
     rest = {k: v for k, v in want.items() if k not in on_line}
     problems += differences(rest, in_args, "vLLM parsed")
+    if at_default is not None:
+        problems += [f"{k}: the plan says {norm(v, False)}, vLLM's start-up log does not have it"
+                     for k, v in rest.items() if k not in in_args and k not in at_default]
     confirmed = sum(1 for k in want if k in on_line or k in in_args)
     return problems, confirmed

@@ -146,6 +146,11 @@ class ServeFlags(BaseModel):
             flag = name.removeprefix("--").replace("_", "-")
             if not re.fullmatch(r"[a-z][a-z0-9-]*", flag):
                 raise ValueError(f"@{name}: not a long flag name")
+            if flag.removeprefix("no-") in typed and flag.removeprefix("no-") != flag:
+                base = flag.removeprefix("no-")
+                raise ValueError(f"@{name}: turns off {base}, which has a typed field: set "
+                                 f"{base.replace('-', '_')}: False instead")
+            flag = flag.removeprefix("no-")
             if flag in typed:
                 raise ValueError(f"@{name}: has a typed field, set {flag.replace('-', '_')} instead")
             if flag.replace("-", "_") in REMOVED_FLAGS:
@@ -210,8 +215,9 @@ def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[st
 
     "Off" is written `no-<flag>: true`: vLLM's config loader turns `<flag>: false` into `--no-<flag>`
     only when its top-level parser has that option, and only the `serve` subparser has it, so a plain
-    `false` was dropped and vLLM's own default (prefix caching on) stayed in force. A flag without a
-    `--no-` form (a store_true) is off by leaving it out.
+    `false` was dropped and vLLM's own default (prefix caching on) stayed in force. A typed flag without
+    a `--no-` form (headless) is off by leaving it out; for an extra_args flag the installed vLLM
+    decides, and the host check refuses `no-<flag>` where it has no such option (leave it out then).
     """
     out: dict[str, Scalar | list[Scalar]] = {}
     for name in ServeFlags.model_fields:

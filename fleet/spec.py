@@ -46,6 +46,16 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 
+def _quiet_logging(value: str) -> set[str]:
+    """Environment settings that keep vLLM's start-up log from the journal, given a value."""
+    quiet = set()
+    if value.strip().upper() in ("WARNING", "WARN", "ERROR", "CRITICAL"):
+        quiet.add("VLLM_LOGGING_LEVEL")
+    if value.strip() == "0":
+        quiet.add("VLLM_CONFIGURE_LOGGING")
+    return quiet
+
+
 def hint_unknown(cls: type[BaseModel], data: Any) -> Any:
     """Unknown keys get the closest valid names, like ServeFlags does for flags."""
     if isinstance(data, dict):
@@ -142,6 +152,9 @@ class InstanceSpec(BaseModel):
             if re.search(r'["\\%\n\r]', value):
                 raise ValueError(f"@{key}: quotes, backslashes, % and newlines are not allowed in unit "
                                  "environment values")
+            if key in _quiet_logging(value):
+                raise ValueError(f"@{key}: {value!r} hides vLLM's INFO start-up lines, which the deploy "
+                                 "reads after every restart to prove the settings are in effect; remove it")
             if re.search(r"KEY|TOKEN|SECRET|PASSWORD", key):
                 raise ValueError(
                     f"@{key}: looks like a secret; secrets come from the controller's environment "

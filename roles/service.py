@@ -51,7 +51,7 @@ def remove(unit: str) -> list:
     ops = [systemd.service(name=f"stop and disable {unit} (instance {name} left the inventory)",
                            service=unit, running=False, enabled=False)]
     for path in (f"/etc/systemd/system/{unit}", f"/etc/vllm/{name}.yaml", f"/etc/vllm/{name}.env",
-                 f"{STAGED}/{name}.yaml"):
+                 f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.yaml.at-default"):
         ops.append(files.file(name=f"remove {path}", path=path, present=False))
     systemd.daemon_reload(name="systemd daemon-reload (instance removed)", _if=ops[1].did_change)
     return ops

@@ -25,6 +25,7 @@ from fleet import effective, smoke
 from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HostPlan, InstancePlan
 from roles import remote
+from roles.service import STAGED
 from roles.tunnel import forward
 
 HOSTSTATE = "python3 /usr/local/lib/vllm-fleet/hoststate.py"
@@ -81,14 +82,29 @@ def journal(unit: str, lines: int = 25) -> str:
 
 def effective_check(inst: InstancePlan) -> smoke.Check:
     """What the instance's new process says it runs with (its start-up log) against the plan's flags:
-    the proof that a rendered flag is in effect, not only written down."""
-    pattern = shlex.quote(f"{effective.NON_DEFAULT}|{effective.ENGINE_LINE.pattern}")
-    ok, out = run(f"id=$(systemctl show -p InvocationID --value {inst.unit}) && test -n \"$id\" && "
-                  f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$id | grep -E {pattern}")
-    problems, confirmed = effective.check_log(inst.flags, out.splitlines() if ok else [])
+    the proof that a rendered flag is in effect, not only written down. The host check's list of
+    settings at vLLM's defaults (absent from that log) is read in the same command."""
+    ok, out = run(effective_command(inst))
+    defaults_text, _, log = out.partition(f"{_LOG_MARK}\n")
+    try:
+        at_default = json.loads(defaults_text) if defaults_text.strip() else None
+    except json.JSONDecodeError:
+        at_default = None
+    problems, confirmed = effective.check_log(inst.flags, log.splitlines() if ok else [], at_default)
     if problems:
         return smoke.Check("config", False, "; ".join(problems))
     return smoke.Check("config", True, f"{confirmed} of {len(inst.flags)} in the log")
+
+
+_LOG_MARK = "## start-up log"
+
+
+def effective_command(inst: InstancePlan) -> str:
+    """One remote command: the at-default list, then this start's two lines (by the unit's InvocationID)."""
+    grep = f"grep -F -e {shlex.quote(effective.NON_DEFAULT)} -e {shlex.quote(effective.ENGINE_MARK)}"
+    return (f"cat {STAGED}/{inst.name}.yaml.at-default 2>/dev/null; echo; echo '{_LOG_MARK}'; "
+            f"id=$(systemctl show -p InvocationID --value {inst.unit}) && test -n \"$id\" && "
+            f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$id | {grep}")
 
 
 def _unit_crashed(unit: str) -> bool:

@@ -65,6 +65,13 @@ BAD_HOSTS: list[BadHost] = [
      "instances[default].flags.extra_args.tool-call-parser", ("'--host'", "starts with '-'", "own key")),
     ("extra_args value smuggling a flag", flags(extra_args={"seed": "--trust-remote-code"}),
      "instances[default].flags.extra_args.seed", ("'--trust-remote-code'", "starts with '-'")),
+    ("extra_args turning off a typed flag", flags(extra_args={"no-enable-prefix-caching": True}),
+     "instances[default].flags.extra_args.no-enable-prefix-caching",
+     ("typed field", "enable_prefix_caching: False")),
+    ("env hiding vLLM's start-up log", one(env={"VLLM_LOGGING_LEVEL": "WARNING"}),
+     "instances[default].env.VLLM_LOGGING_LEVEL", ("start-up lines", "remove it")),
+    ("env turning vLLM's logging off", one(env={"VLLM_CONFIGURE_LOGGING": "0"}),
+     "instances[default].env.VLLM_CONFIGURE_LOGGING", ("start-up lines",)),
     # --- flag values -----------------------------------------------------------------------------------
     ("gpu_memory_utilization above 1", flags(gpu_memory_utilization=1.5),
      "instances[default].flags.gpu_memory_utilization", ("less than or equal to 1",)),

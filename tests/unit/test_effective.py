@@ -100,3 +100,59 @@ def test_every_flag_the_lab_test_set_is_confirmed_by_its_real_start_up_log() -> 
         f for f, (_, key) in effective.ENGINE.items() if key}
     assert unconfirmed == {"port", "enable-log-requests"}
     assert confirmed == len(config) - 2
+
+
+def test_the_deploys_own_remote_command_finds_both_lines(tmp_path: Path) -> None:
+    """roles/smoke.py's command, run by a real sh (as pyinfra's sudo wrapper does: `sh -c '...'`), with
+    systemctl and journalctl replaced by scripts that print lab1's captured journal: both lines must come
+    back (a grep pattern in Python's regex dialect once matched only one of them)."""
+    import shlex
+    import subprocess
+
+    from fleet.plan import InstancePlan
+    from roles.smoke import effective_check, effective_command
+
+    journal = tmp_path / "journal.txt"
+    journal.write_text("(APIServer pid=1) INFO 12-03 12:31:00 [api_server.py:1] vLLM API server version\n"
+                       + "\n".join(LOG) + "\n(APIServer pid=1) INFO Starting vLLM API server\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\necho 5f0c1b\n")
+    (bin_dir / "journalctl").write_text(
+        f"#!/bin/sh\ncase \"$*\" in *_SYSTEMD_INVOCATION_ID=5f0c1b*) cat {journal};; *) exit 1;; esac\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    inst = InstancePlan(name="default", unit="vllm-default.service", config_path="", env_path="",
+                        served_name="tiny-llama", model_dir="", stage_from=None, flags=CONFIG,
+                        environment={}, secret_env={}, tensor_parallel=1, dtype="bfloat16", gpu_indexes=(),
+                        host="127.0.0.1", port=8000, shutdown_timeout=30)
+    cmd = effective_command(inst).replace("/var/lib/vllm-fleet/staged", str(tmp_path))
+    (tmp_path / "default.yaml.at-default").write_text('["port", "trust-remote-code"]')
+    proc = subprocess.run(["sh", "-c", f"sh -c {shlex.quote(cmd)}"], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert sum(1 for line in proc.stdout.splitlines() if "non-default args: " in line) == 1
+    assert sum(1 for line in proc.stdout.splitlines() if " with config: " in line) == 1
+
+    import roles.smoke as smoke_role
+
+    def fake_run(command: str) -> tuple[bool, str]:
+        p = subprocess.run(["sh", "-c", command.replace("/var/lib/vllm-fleet/staged", str(tmp_path))],
+                           capture_output=True, text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+        return p.returncode == 0, p.stdout
+
+    original, smoke_role.run = smoke_role.run, fake_run
+    try:
+        check = effective_check(inst)
+        assert check.ok and check.detail == f"{len(CONFIG) - 1} of {len(CONFIG)} in the log", check
+        off = InstancePlan(**{**inst.__dict__, "flags": {**CONFIG, "no-enable-prefix-caching": True}})
+        check = effective_check(off)
+        assert not check.ok
+        assert "enable-prefix-caching: the plan says False, vLLM runs with True" in check.detail
+        # a setting the log lacks that the host check did not find at vLLM's default was not taken
+        (tmp_path / "default.yaml.at-default").write_text('["trust-remote-code"]')
+        check = effective_check(inst)
+        assert not check.ok
+        assert "port: the plan says 8000, vLLM's start-up log does not have it" in check.detail
+    finally:
+        smoke_role.run = original
