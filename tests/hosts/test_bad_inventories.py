@@ -4,12 +4,16 @@ any operation runs, and leaves both lab hosts' files as they were."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.hosts.conftest import deploy, host_files_digest
+from tests.hosts.conftest import INVENTORY, ROOT, deploy, host_files_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from bad_inventories import BAD_HOSTS  # noqa: E402
@@ -48,10 +52,13 @@ PLAN_REFUSED = [
 
 @pytest.mark.parametrize(("desc", "over", "words"), PLAN_REFUSED, ids=[p[0] for p in PLAN_REFUSED])
 def test_plan_and_deploy_exit_non_zero_for_a_plan_refused_host_and_change_nothing(before, desc, over, words):
-    plan = deploy("deploys/plan.py", overrides={"lab2": over})
-    assert plan.rc != 0, plan.output[-3000:]
-    assert words in plan.output, plan.output[-3000:]
-    assert "lab1" in plan.output  # every host's row is still printed
+    env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps({"lab2": over})}
+    plan = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "plan", INVENTORY], cwd=ROOT,
+                          env=env, text=True, capture_output=True, timeout=300)
+    out = plan.stdout + plan.stderr
+    assert plan.returncode != 0, out[-3000:]
+    assert words in out, out[-3000:]
+    assert re.search(r"^lab1  cpu .* default: tiny-llama", out, re.M), out[-3000:]  # every row printed
     run = deploy(overrides={"lab2": over})
     assert run.rc != 0 and words in run.output, run.output[-3000:]
     assert "nothing was changed" in run.output
