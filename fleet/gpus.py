@@ -60,6 +60,15 @@ class Gpu:
         """What `pyinfra ... fact` prints for it (its JSON encoder calls to_json)."""
         return asdict(self)
 
+    @property
+    def cc(self) -> str:
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+
+    @property
+    def label(self) -> str:
+        """How every refusal and warning names a GPU."""
+        return f"GPU {self.index} {self.name} (compute capability {self.cc})"
+
 
 @dataclass(frozen=True, order=True)
 class DriverVersion:

@@ -155,13 +155,8 @@ def choose_dtype(accelerator: str, gpus: Sequence[Gpu], cpu_flags: frozenset[str
     return "float32"
 
 
-def gpu_label(gpu: Gpu) -> str:
-    cc = gpu.compute_capability
-    return f"GPU {gpu.index} {gpu.name} (compute capability {cc[0]}.{cc[1]})"
-
-
 def _left_out_note(gpus: Sequence[Gpu], left_out: Mapping[int, str]) -> str:
-    return "; ".join(f"{gpu_label(g)} is left out: {left_out[g.index]}" for g in gpus if g.index in left_out)
+    return "; ".join(f"{g.label} is left out: {left_out[g.index]}" for g in gpus if g.index in left_out)
 
 
 def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: set[int],
@@ -188,7 +183,7 @@ def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: se
             raise SpecError([f"{where}: GPU index {missing} not on this host (has {sorted(by_index)})"])
         bad = [by_index[i] for i in inst.gpus if i in left_out]
         if bad:
-            raise SpecError([f"{where}: " + "; ".join(f"{gpu_label(g)} cannot be used: {left_out[g.index]}"
+            raise SpecError([f"{where}: " + "; ".join(f"{g.label} cannot be used: {left_out[g.index]}"
                                                       for g in bad)
                              + f"; this host's usable GPUs are {[g.index for g in usable]}"])
         overlap = [i for i in inst.gpus if i in taken]
@@ -236,7 +231,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
         if not left_out or len(left_out) >= len(all_gpus):
             raise SpecError([f"{host}: vllm.variant: {e}"]) from None
     usable = [g.index for g in all_gpus if g.index not in left_out]
-    warnings.extend(f"{host}: {gpu_label(g)} is left out: {left_out[g.index]}; instances with `gpus` unset "
+    warnings.extend(f"{host}: {g.label} is left out: {left_out[g.index]}; instances with `gpus` unset "
                     f"or a count take only GPUs {usable}" for g in all_gpus if g.index in left_out)
 
     taken: set[int] = set()

@@ -228,14 +228,6 @@ class Inputs:
 Check = Callable[[Inputs], list[str]]
 
 
-def _cc(gpu: Gpu) -> str:
-    return f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
-
-
-def _gpu(gpu: Gpu) -> str:
-    return f"GPU {gpu.index} {gpu.name} (compute capability {_cc(gpu)})"
-
-
 def check_quantization_method(x: Inputs) -> list[str]:
     """ModelConfig._verify_quantization: "Unknown quantization method: X. Must be one of [...]" for the
     flag and for a checkpoint's quant_method alike."""
@@ -323,7 +315,7 @@ def check_quantization_gpu(x: Inputs) -> list[str]:
     if cc >= q.min_capability:
         return []
     name = _vllm_quant_name(x)
-    return [f"{x.where('quantization')}: {x.vllm} refuses {name} ({q.cls}) on {_gpu(gpu)} (\"The "
+    return [f"{x.where('quantization')}: {x.vllm} refuses {name} ({q.cls}) on {gpu.label} (\"The "
             f"quantization method {name} is not supported for the current GPU. Minimum capability: "
             f"{q.min_capability}. "
             f"Current capability: {cc}.\"); allowed: GPUs of compute capability "
@@ -370,7 +362,7 @@ def check_dtype_model(x: Inputs) -> list[str]:
     cuda_note = ""
     gpu = x.min_gpu()
     if x.cuda and gpu is not None and gpu.compute_capability < (8, 0):
-        cuda_note = f" ({_gpu(gpu)} has no bfloat16, so only float32 runs it there)"
+        cuda_note = f" ({gpu.label} has no bfloat16, so only float32 runs it there)"
     allowed = "float32" if cuda_note else "bfloat16, float32"
     return [f"{x.where('dtype')}: {x.vllm} refuses float16 for model type {x.model_type!r} (\"The model type "
             f"'{x.model_type}' does not support float16. Reason: Numerical instability.\"){cuda_note}; "
@@ -382,9 +374,9 @@ def check_dtype_gpu(x: Inputs) -> list[str]:
     gpu = x.min_gpu()
     if not x.cuda or x.dtype != "bfloat16" or gpu is None or gpu.compute_capability >= (8, 0):
         return []
-    return [f"{x.where('dtype')}: {x.vllm}'s GPU worker refuses bfloat16 on {_gpu(gpu)} (\"Bfloat16 is only "
+    return [f"{x.where('dtype')}: {x.vllm}'s GPU worker refuses bfloat16 on {gpu.label} (\"Bfloat16 is only "
             f"supported on GPUs with compute capability of at least 8.0. Your {gpu.name} GPU has compute "
-            f"capability {_cc(gpu)}.\"); allowed: float16, float32 (or leave dtype unset)"]
+            f"capability {gpu.cc}.\"); allowed: float16, float32 (or leave dtype unset)"]
 
 
 def check_kv_cache_dtype_gpu(x: Inputs) -> list[str]:
@@ -402,9 +394,9 @@ def check_kv_cache_dtype_gpu(x: Inputs) -> list[str]:
                                   f"{'/'.join(map(str, FLASHINFER_HEAD_SIZES))} in float16/bfloat16; this "
                                   f"model has head_dim {x.info.head_dim}, dtype {x.dtype})")
     suggested = "bfloat16" if cc >= (8, 0) else "float16"
-    return [f"{x.where('kv-cache-dtype')}: {x.vllm} falls back to the Triton backend on {_gpu(gpu)}{why}, "
+    return [f"{x.where('kv-cache-dtype')}: {x.vllm} falls back to the Triton backend on {gpu.label}{why}, "
             f"which refuses it (\"FP8 KV cache is not supported by the Triton attention backend on "
-            f"{gpu.name} (compute capability {_cc(gpu)}); native FP8 (fp8e4nv) requires SM89+.\"); "
+            f"{gpu.name} (compute capability {gpu.cc}); native FP8 (fp8e4nv) requires SM89+.\"); "
             f"allowed: auto (or {suggested}), or GPUs of compute capability 8.9 or newer"]
 
 

@@ -195,10 +195,6 @@ def _driver_advice(variants: list[Variant], gpus: list[Gpu]) -> str:
     return " or ".join(f">= {v.min_driver} ({v.name})" for v in ordered)
 
 
-def _cc(gpu: Gpu) -> str:
-    return f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
-
-
 def unusable_gpus(
     vllm_version: str,
     driver: DriverVersion | None,
@@ -230,11 +226,11 @@ def unusable_gpus(
                 lists += f"; vLLM {vllm_version} needs {'.'.join(map(str, minimum))} or newer"
             what = (f"the pinned {override} build has no" if override
                     else f"no CUDA build of vLLM {vllm_version} has")
-            out[gpu.index] = f"{what} kernels for compute capability {_cc(gpu)} ({lists})"
+            out[gpu.index] = f"{what} kernels for compute capability {gpu.cc} ({lists})"
         elif not any(v in runnable for v in covering):
             advice = " or ".join(f">= {v.min_driver} ({v.name})" for v in covering)
             out[gpu.index] = (f"only builds needing a newer driver have kernels for compute capability "
-                              f"{_cc(gpu)}: install NVIDIA driver {advice} (this host has {driver})")
+                              f"{gpu.cc}: install NVIDIA driver {advice} (this host has {driver})")
     return out
 
 
@@ -300,11 +296,10 @@ def choose_variant(
     orphans = [g for g in gpus if not any(v.supports(g.compute_capability) for v in cuda)]
     if orphans:
         gpu = orphans[0]
-        cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
         builds = "; ".join(f"{v.name}: {v.arch_summary()}" for v in cuda)
         needed = ".".join(map(str, cuda[0].min_compute_capability))
         raise VariantRefusal(
-            f"GPU {gpu.index} {gpu.name} (compute capability {cc}) is not supported by any CUDA build of "
+            f"{gpu.label} is not supported by any CUDA build of "
             f"vLLM {vllm_version} ({builds}); vLLM needs compute capability {needed} or newer: remove the "
             "GPU from this host's deployment or pin an older vLLM"
         )
