@@ -14,7 +14,7 @@ import jinja2
 import yaml
 
 from fleet import lb
-from fleet.plan import CURRENT_LINK, STATE_DIR, HostPlan, InstancePlan
+from fleet.plan import CURRENT_LINK, HOST_TOOLS, STATE_DIR, HostPlan, InstancePlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -50,6 +50,17 @@ def unit(plan: HostPlan, inst: InstancePlan) -> str:
         i=inst, gpu=plan.variant != "cpu", current=CURRENT_LINK, state_dir=STATE_DIR,
         ready_timeout_s=plan.ready_timeout_s,
     )
+
+
+def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
+    """(service, timer) file contents of the instance's watchdog; the instance must have one."""
+    from fleet.watchdog import RESTART, STATE_NAME
+
+    env = environment()
+    args = {"i": inst, "w": inst.watchdog, "state_name": STATE_NAME.format(inst.name),
+            "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART}
+    return (env.get_template("vllm-watchdog.service.j2").render(**args),
+            env.get_template("vllm-watchdog.timer.j2").render(**args))
 
 
 def serve_config(plan: HostPlan, inst: InstancePlan) -> str:

@@ -110,6 +110,28 @@ class ModelSpec(BaseModel):
         return self
 
 
+class WatchdogSpec(BaseModel):
+    """A probe of the instance with a real tiny completion, restarting it when the engine hangs.
+
+    Why: vLLM's /health only says whether the API server has noticed the engine die; an engine that is
+    alive but stuck keeps /health at 200 while every request waits. A hung instance is restarted within
+    `failures` x (`interval_s` + `timeout_s`) of the first failed probe; one that has not served since it
+    started is left alone until the host's `ready_timeout_s` has passed (a model still loading).
+    """
+
+    model_config = STRICT
+
+    enabled: bool = True
+    # seconds between the end of one probe and the start of the next
+    interval_s: int = Field(30, ge=2, le=3600)
+    # a completion of one token that takes longer than this counts as a failure
+    timeout_s: int = Field(30, ge=1, le=600)
+    # failed probes in a row before the restart
+    failures: int = Field(3, ge=1, le=20)
+
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
+
+
 class InstanceSpec(BaseModel):
     """One `vllm serve` process: its own unit, config, env file and GPUs."""
 
@@ -130,6 +152,7 @@ class InstanceSpec(BaseModel):
     port_protected_elsewhere: bool = False
     # CPU hosts: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: int = Field(1, ge=1, le=4096)
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
 

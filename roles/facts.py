@@ -76,6 +76,8 @@ class VllmHost(FactBase):
             "cpu_flags": ["avx2", "fma", ...],
             "units": ["vllm-default.service"],
             "unit_states": {"vllm-default.service": {"ActiveState": "active", "MainPID": "1234", ...}},
+            "watchdogs": {"vllm-watchdog@default.timer": {"ActiveState": "active",
+                                                          "UnitFileState": "enabled"}},
             "base_ok": True,
             "state": {...} or None,
             "interfaces": {"10.77.1.2": "host0", ...},
@@ -98,8 +100,11 @@ class VllmHost(FactBase):
             f"stat -c '%U:%G:%a %n' {' '.join(BASE_DIRS)} 2>/dev/null; "
             # every vllm unit with its state, in the same command: a converged host is then one fact
             # and one manifest
-            "for u in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-.+[.]service$'); do "
+            "for u in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-[^@]+[.]service$'); do "
             f"echo \"## unit $u\"; systemctl show \"$u\" {UNIT_PROPERTIES} 2>/dev/null; done; "
+            "for t in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-watchdog@.+[.]timer$'); do "
+            "echo \"## watchdog $t\"; "
+            "systemctl show \"$t\" -p ActiveState -p UnitFileState 2>/dev/null; done; "
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "
             # systemd enforces IPAddressAllow= only on the unified cgroup hierarchy (v2)
@@ -123,8 +128,9 @@ class VllmHost(FactBase):
                 sections[key] = []
             elif key is not None:
                 sections[key].append(line)
-        units = {key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
-                 for key, lines in sections.items() if key.startswith("unit ")}
+        units, watchdogs = ({key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
+                             for key, lines in sections.items() if key.startswith(kind)}
+                            for kind in ("unit ", "watchdog "))
         current = "".join(sections.get("current", [])).strip()
         state_text = "\n".join(sections.get("state", [])).strip()
         interfaces = {}
@@ -144,6 +150,8 @@ class VllmHost(FactBase):
             "units": sorted(units),
             # a unit with no file yet is absent: the caller's .get(unit, {}) reads as not enabled, not active
             "unit_states": units,
+            # each instance's watchdog timer (vllm-watchdog@<name>.timer) with ActiveState, UnitFileState
+            "watchdogs": watchdogs,
             # True when the vllm user and every base directory are as wanted (nothing to do)
             "base_ok": _base_ok(sections.get("base", [])),
             "state": state,

@@ -14,7 +14,7 @@ from pyinfra import host, logger
 from pyinfra.operations import python, server
 
 from fleet import wheels
-from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, STATE_DIR, HostPlan
+from fleet.plan import BASE_DIRS, CURRENT_LINK, HOST_TOOLS, RELEASES_DIR, STATE_DIR, HostPlan
 from fleet.variants import install_command
 from roles import remote
 from roles.ops import stale, synced_files
@@ -23,11 +23,10 @@ from roles.ops import stale, synced_files
 # cache beside the releases: same file system, so uv hardlinks instead of copying.
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
-HOST_TOOLS = "/usr/local/lib/vllm-fleet"
 FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
 HOST_PYTHON = "/usr/bin/python3"
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it)
-HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py")
+HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py")
 
 
 def base(base_ok: bool) -> None:

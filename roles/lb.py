@@ -20,12 +20,13 @@ from pyinfra.operations import apt, python, server, systemd
 
 from fleet import lb as core
 from fleet import render
+from fleet.plan import HOST_TOOLS
 from fleet.spec import SpecError
 from roles import remote
 from roles.install import FLEET_SRC
 from roles.ops import Secret, stale, synced_files
 
-LBCTL = "/usr/local/lib/vllm-fleet/lbctl.py"
+LBCTL = f"{HOST_TOOLS}/lbctl.py"
 SOCKET = "/run/vllm-fleet-lb.sock"
 CONFIG = "/etc/haproxy/haproxy.cfg"
 STAGED = "/etc/haproxy/.vllm-fleet-staged.cfg"

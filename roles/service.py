@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
@@ -17,7 +17,8 @@ STAGED = "/var/lib/vllm-fleet/staged"
 
 def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
-    return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml")
+    return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml",
+            *(f"/etc/systemd/system/{u}" for u in inst.watchdog_units))
 
 
 def restart_command(unit: str) -> str:
@@ -44,17 +45,55 @@ def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> 
     return True
 
 
-def remove(unit: str) -> list:
-    """An instance gone from the inventory: stop and disable its unit, remove its files, and say so."""
+def remove(unit: str, watchdogs: Mapping[str, Mapping[str, str]]) -> list:
+    """An instance gone from the inventory: stop and disable its unit and its watchdog, remove their
+    files, and say so. The watchdog goes first, so it never restarts what is being removed."""
     name = unit.removeprefix("vllm-").removesuffix(".service")
     logger.warning(f"[{host.name}] instance {name} is no longer in the inventory: removing {unit}")
-    ops = [systemd.service(name=f"stop and disable {unit} (instance {name} left the inventory)",
-                           service=unit, running=False, enabled=False)]
+    ops = remove_watchdog(name, watchdogs, why=f"instance {name} left the inventory")
+    ops.append(systemd.service(name=f"stop and disable {unit} (instance {name} left the inventory)",
+                               service=unit, running=False, enabled=False))
+    first = len(ops)
     for path in (f"/etc/systemd/system/{unit}", f"/etc/vllm/{name}.yaml", f"/etc/vllm/{name}.env",
                  f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.yaml.at-default"):
         ops.append(files.file(name=f"remove {path}", path=path, present=False))
-    systemd.daemon_reload(name="systemd daemon-reload (instance removed)", _if=ops[1].did_change)
+    systemd.daemon_reload(name="systemd daemon-reload (instance removed)", _if=ops[first].did_change)
     return ops
+
+
+def remove_watchdog(name: str, watchdogs: Mapping[str, Mapping[str, str]], why: str) -> list:
+    """Stop, disable and delete an instance's watchdog timer and probe unit, if the host has them."""
+    timer = f"vllm-watchdog@{name}.timer"
+    if timer not in watchdogs:
+        return []
+    ops = [server.shell(name=f"stop and disable {timer} ({why})",
+                        commands=[f"systemctl disable --now {timer}"])]
+    for unit in (timer, f"vllm-watchdog@{name}.service"):
+        path = f"/etc/systemd/system/{unit}"
+        ops.append(files.file(name=f"remove {path}", path=path, present=False))
+    return ops
+
+
+def watchdog(inst: InstancePlan, watchdogs: Mapping[str, Mapping[str, str]]) -> None:
+    """The instance's watchdog files, timer enabled and running; a change never restarts vLLM."""
+    timer = inst.watchdog_units[1]
+    if inst.watchdog is None:
+        if remove_watchdog(inst.name, watchdogs, why="watchdog turned off"):
+            server.shell(name="systemd daemon-reload (watchdog removed)",
+                         commands=["systemctl daemon-reload"])
+        return
+    contents = render.watchdog_units(inst)
+    wanted = [(c.encode(), f"/etc/systemd/system/{u}")
+              for c, u in zip(contents, inst.watchdog_units, strict=True)]
+    paths = instance_paths(inst)
+    changed = bool(stale(wanted, "root", "root", "644", paths))
+    if changed:
+        synced_files(name=f"watchdog {timer}", files=wanted, paths=paths)
+        server.shell(name="systemd daemon-reload (watchdog)", commands=["systemctl daemon-reload"])
+    now = watchdogs.get(timer, {})
+    if changed or now.get("UnitFileState") != "enabled" or now.get("ActiveState") != "active":
+        server.shell(name=f"start {timer}",
+                     commands=[f"systemctl enable {timer} && systemctl restart {timer}"])
 
 
 def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool,

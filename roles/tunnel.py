@@ -15,6 +15,8 @@ import socket
 import threading
 from collections.abc import Iterator
 
+from fleet.watchdog import probe_address
+
 # paramiko logs every refused channel at ERROR while the server is still starting: expected, not news
 logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
 
@@ -42,7 +44,7 @@ def forward(host, remote_host: str, remote_port: int) -> Iterator[str]:
     if getattr(host.connector, "client", None) is None:
         host.connect()
     transport = host.connector.client.get_transport()
-    target = "127.0.0.1" if remote_host in ("0.0.0.0", "::", "") else remote_host
+    target = probe_address(remote_host)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))

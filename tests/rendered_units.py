@@ -37,7 +37,9 @@ role = resolve(nodes, {})["gpu2"]
 w = plan_host("gpu2", nodes["gpu2"], HostFacts(gpus=gpus, driver=DriverVersion.parse("580.105.08"),
                                                interfaces={"10.0.0.2": "ens5"}), env, node=role)
 print(json.dumps({"cpu": render.unit(cpu, cpu.instances[0]), "gpu": render.unit(gpu, gpu.instances[0]),
-                  "cluster-worker": render.unit(w, w.instances[0])}))
+                  "cluster-worker": render.unit(w, w.instances[0]),
+                  "watchdog": render.watchdog_units(cpu.instances[0])[0],
+                  "watchdog-timer": render.watchdog_units(cpu.instances[0])[1]}))
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)

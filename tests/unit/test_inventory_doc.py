@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from fleet.flags import ServeFlags
-from fleet.spec import ClusterSpec, HostSpec, InstanceSpec, ModelSpec, SpecError, parse_host
+from fleet.spec import ClusterSpec, HostSpec, InstanceSpec, ModelSpec, SpecError, WatchdogSpec, parse_host
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "inventory.md").read_text()
 
 
-@pytest.mark.parametrize("model", [HostSpec, InstanceSpec, ModelSpec, ClusterSpec, ServeFlags])
+@pytest.mark.parametrize("model", [HostSpec, InstanceSpec, ModelSpec, ClusterSpec, ServeFlags, WatchdogSpec])
 def test_every_key_is_documented(model):
     missing = [k for k in model.model_fields if f"`{k}`" not in DOC]
     assert missing == []
@@ -34,3 +34,9 @@ def test_the_types_example_is_the_real_message():
         parse_host("gpu-01", {"instances": [{"name": "chat", "model": {"name": "m", "path": "/m"},
                                              "gpus": (0, 1), "port_protected_elsewhere": "yes"}]})
     assert e.value.problems == [example]
+
+
+def test_watchdog_defaults_in_the_doc_match_the_schema():
+    w = WatchdogSpec()
+    for key in ("enabled", "interval_s", "timeout_s", "failures"):
+        assert f"| `{key}` | `{getattr(w, key)}` |" in DOC

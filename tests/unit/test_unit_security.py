@@ -19,7 +19,7 @@ def score(path) -> float:
     return float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out.stdout).group(1))
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu", "cluster-worker"])
+@pytest.mark.parametrize("kind", ["cpu", "gpu", "cluster-worker", "watchdog"])
 def test_units_score_well_in_systemd_analyze_security(tmp_path, kind):
     unit = tmp_path / f"vllm-{kind}.service"
     unit.write_text(render_units()[kind])
