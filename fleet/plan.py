@@ -20,6 +20,7 @@ from fleet.sizing import estimate, estimate_cpu
 from fleet.spec import HostSpec, InstanceSpec, SpecError
 from fleet.startup import startup_refusals
 from fleet.variants import unusable_gpus
+from fleet.watchdog import probe_address
 
 RELEASES_DIR = "/opt/vllm/releases"
 CURRENT_LINK = "/opt/vllm/current"
@@ -27,6 +28,8 @@ MODELS_DIR = "/var/lib/vllm/models"
 STATE_DIR = "/var/lib/vllm"
 CONFIG_DIR = "/etc/vllm"
 FLEET_STATE = "/var/lib/vllm-fleet"
+# the stdlib-only scripts from fleet/ that run on hosts (hoststate, the validator, the watchdog)
+HOST_TOOLS = "/usr/local/lib/vllm-fleet"
 # Directories every vLLM host needs: path -> "owner:group:mode" (as `stat -c %U:%G:%a` prints it).
 BASE_DIRS = {
     RELEASES_DIR: "root:root:755",
@@ -51,6 +54,29 @@ class HostFacts:
     ip_filtering: bool = True
     # who listens on which port, the lowest unprivileged port (fleet.startup.HostPorts); None: not read
     ports: Any = None
+    # ECC errors, row remaps, throttling and Xids per GPU (fleet.gpuhealth.HealthReport); None: not read
+    gpu_health: Any = None
+    # the host's vllm-*.service units: an instance whose unit exists is already deployed there
+    units: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    """The instance's probe (fleet.watchdog on the host), from the inventory's `watchdog`."""
+
+    interval_s: int
+    timeout_s: int
+    failures: int
+    # an instance that has not served since it started is not counted against before this
+    grace_s: int
+    # the address vLLM binds, as the probe's unit may reach it (the probe reads host and port from the
+    # live config each time, so a rollback to another config is probed as it is)
+    address: str
+
+    @property
+    def bound_s(self) -> int:
+        """The longest a hung engine goes unnoticed once probes start failing."""
+        return self.failures * (self.interval_s + self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,14 @@ class InstancePlan:
     # systemd IPAddressAllow= for the unit (with IPAddressDeny=any); empty: no address filter
     ip_allow: tuple[str, ...] = ()
     pipeline_parallel: int = 1
+    # None: no probe (turned off, or a node group's worker, which has no API)
+    watchdog: Watchdog | None = None
+
+    @property
+    def watchdog_units(self) -> tuple[str, str]:
+        """(service, timer): instance files of one name outside `vllm-*.service` without an `@`, which
+        the toolkit reads as its instances."""
+        return f"vllm-watchdog@{self.name}.service", f"vllm-watchdog@{self.name}.timer"
 
     @property
     def api_key_required(self) -> bool:
@@ -96,6 +130,11 @@ class HostPlan:
     ready_timeout_s: int
     instances: tuple[InstancePlan, ...]
     warnings: tuple[str, ...] = field(default=())
+
+
+def unit_name(instance: str) -> str:
+    """The systemd unit of an instance: the deploy writes it, status, logs and smoke tests read it."""
+    return f"vllm-{instance}.service"
 
 
 def _is_loopback(addr: str) -> bool:
@@ -193,6 +232,39 @@ def _instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: se
     if not chosen:
         raise SpecError([f"{where}: no GPU left for this instance{note}"])
     return chosen
+
+
+def _check_gpu_health(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], facts: HostFacts,
+                      warnings: list[str]) -> None:
+    """Refuse a new instance on a GPU with uncorrectable errors (fleet.gpuhealth.verdict), or warn.
+
+    Why an instance already on the host (its unit exists) only gets a warning: it is serving now, and
+    refusing its redeploy would neither drain nor fix the GPU; the warning says what to do.
+    """
+    report = facts.gpu_health
+    if report is None or not gpus:
+        return
+    where = f"{host}: vllm.instances[{inst.name}].gpus"
+    deployed = f"vllm-{inst.name}.service" in facts.units
+    refusals = []
+    for g in gpus:
+        v = report.verdict(g)
+        warnings.extend(f"{where}: {w}" for w in v.warnings)
+        if deployed:
+            warnings.extend(f"{where}: already deployed here, so not refused: {r}" for r in v.refusals)
+        else:
+            refusals.extend(f"{where}: {r}" for r in v.refusals)
+    if not report.xids_read:
+        note = (f"{host}: the kernel log could not be read (journalctl -k, dmesg), so GPU Xid errors were "
+                "not checked; deploy with a login that may read it (root, sudo, or group systemd-journal)")
+        if note not in warnings:
+            warnings.append(note)
+    if refusals:
+        mine = {g.index for g in gpus}
+        healthy = [g.index for g in facts.gpus if g.index not in mine and not report.verdict(g).refusals]
+        hint = f"; or give the instance other GPUs (`gpus`; without such errors here: {healthy})" \
+            if healthy else ""
+        raise SpecError([*refusals[:-1], refusals[-1] + hint])
 
 
 def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
@@ -355,6 +427,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
                             f"of the {len(gpus)} GPUs it was given; the other {len(gpus) - used} stay free")
         gpus = gpus[:used]
         taken.update(g.index for g in gpus)
+        _check_gpu_health(host, inst, gpus, facts, warnings)
 
     dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
     staged = inst.model_copy(update={"flags": f.model_copy(update={"pipeline_parallel_size": pp})})
@@ -430,14 +503,24 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         raise SpecError(refused)
 
     return InstancePlan(
-        name=inst.name, unit=f"vllm-{inst.name}.service",
+        name=inst.name, unit=unit_name(inst.name),
         config_path=f"{CONFIG_DIR}/{inst.name}.yaml", env_path=f"{CONFIG_DIR}/{inst.name}.env",
         served_name=str(flags["served-model-name"]), model_dir=model_dir, stage_from=stage_from,
         flags=flags, environment=env, secret_env=secret_env, tensor_parallel=tp, dtype=dtype,
         gpu_indexes=tuple(g.index for g in gpus), host=f.host, port=f.port,
         shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else SHUTDOWN_TIMEOUT_S,
         node=node, ip_allow=ip_allow, pipeline_parallel=pp,
+        watchdog=watchdog_of(inst, spec.ready_timeout_s, f.host, node),
     )
+
+
+def watchdog_of(inst: InstanceSpec, ready_timeout_s: int, bind: str,
+                node: NodeRole | None) -> Watchdog | None:
+    w = inst.watchdog
+    if not w.enabled or (node is not None and not node.is_head):
+        return None
+    return Watchdog(w.interval_s, w.timeout_s, w.failures, ready_timeout_s, probe_address(bind))
+
 
 
 def cluster_parallel(host: str, inst_name: str, node: NodeRole, accelerator: str, n_gpus: int, f: Any,

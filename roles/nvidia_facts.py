@@ -15,6 +15,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from fleet.gpuhealth import HealthReport
 from fleet.gpus import (
     MIG_FIELD,
     OLD_NVIDIA_SMI,
@@ -37,6 +38,26 @@ MARK = "@@fleet"
 # Tried in order until nvidia-smi stops answering 'Field "..." is not a valid field to query.':
 # compute_cap needs about R510, mig.mode.current R450; the last form works on any nvidia-smi.
 FIELD_SETS = (f"{QUERY_FIELDS},{MIG_FIELD}", f"{QUERY_FIELDS_NO_CC},{MIG_FIELD}", QUERY_FIELDS_NO_CC)
+# Kernel log lines kept per read: an Xid storm repeats one line thousands of times.
+XID_LINES = 500
+
+
+def _health_sh() -> str:
+    """Shell printing the GPU health sections (run only where nvidia-smi exists): the full ``nvidia-smi
+    -q`` report, and the kernel's Xid lines since boot from the journal, else dmesg (a journal without
+    kernel lines, as in a container or without journal access, is not "no Xid")."""
+    return (
+        "T=; command -v timeout >/dev/null 2>&1 && T='timeout 120'; "
+        f"echo '{MARK} begin health'; $T nvidia-smi -q 2>&1; echo \"{MARK} rc $?\"; "
+        f"echo '{MARK} end health'; "
+        "if command -v journalctl >/dev/null 2>&1 && "
+        "[ -n \"$(journalctl -k -b -n 1 --no-pager -q -o cat 2>/dev/null)\" ]; then src=journal; "
+        "x=$(journalctl -k -b --no-pager -q -o cat 2>/dev/null | grep 'NVRM: Xid'); "
+        "elif d=$(dmesg 2>/dev/null); then src=dmesg; x=$(printf '%s\\n' \"$d\" | grep 'NVRM: Xid'); "
+        "else src=none; x=; fi; "
+        f"echo '{MARK} begin xid'; echo \"{MARK} source $src\"; printf '%s\\n' \"$x\" | tail -n {XID_LINES}; "
+        f"echo '{MARK} end xid'; "
+    )
 
 
 def _driver_sh(proc_version_path: str, modinfo_command: str) -> str:
@@ -132,6 +153,10 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
     be read; ``notice`` holds what was worked around (old_nvidia_smi) and blocks nothing. Values are
     ``fleet.gpus`` objects; each prints as JSON through ``to_json``.
 
+    ``health`` (a ``fleet.gpuhealth.HealthReport``; None without nvidia-smi) is read in the same command,
+    to save a round trip: ``nvidia-smi -q`` for ECC errors, retired pages, remapped rows, clock throttling
+    and persistence mode, and the kernel's NVRM Xid lines since boot. Read-only, like the rest.
+
     .. code:: python
 
         {
@@ -145,6 +170,7 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             "fields": "index,uuid,name,memory.total,compute_cap,pci.bus_id,mig.mode.current",
             "problem": None,  # or NvidiaProblem(kind="version_mismatch", detail="NVML library 550.144")
             "notice": None,  # or NvidiaProblem(kind="old_nvidia_smi", ...): worked around
+            "health": HealthReport(gpus={"0000:12:00": GpuHealth(...)}, xids={}, xids_read=True),
         }
     """
 
@@ -160,6 +186,7 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             "fields": None,
             "problem": None,
             "notice": None,
+            "health": None,
         }
 
     def command(self) -> str:
@@ -170,7 +197,9 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             f'out=$(nvidia-smi --query-gpu="$f" --format=csv,noheader,nounits 2>&1); rc=$?; '
             f"case \"$out\" in *'is not a valid field to query'*) continue;; esac; break; done; "
             f"echo '{MARK} begin gpus'; echo \"{MARK} fields $f\"; printf '%s\\n' \"$out\"; "
-            f"echo \"{MARK} rc $rc\"; echo '{MARK} end gpus'; fi; "
+            f"echo \"{MARK} rc $rc\"; echo '{MARK} end gpus'; "
+            + _health_sh()
+            + "fi; "
             + _driver_sh(self.proc_version_path, self.modinfo_command)
         )
 
@@ -182,6 +211,10 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             # a loaded driver (read from /proc by the driver section) is not "no driver"
             result["problem"] = missing_nvidia_smi(result["driver"], result["driver_source"])
             return result
+        if "health" in sections:
+            xid = sections.get("xid", [])
+            result["health"] = HealthReport.parse(_body(sections["health"]), _body(xid),
+                                                  xids_read=_meta(xid, "source") not in (None, "none"))
         lines = sections.get("gpus", [])
         fields, text, rc = _meta(lines, "fields"), _body(lines), _meta(lines, "rc")
         result["fields"] = fields

@@ -85,15 +85,16 @@ def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, i
 def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
     vh = host.get_fact(VllmHost)
     gpus: tuple = ()
-    driver = problem = None
+    driver = problem = health = None
     if spec.accelerator == "cuda":
         from roles.nvidia_facts import NvidiaGpus
 
         nv = host.get_fact(NvidiaGpus)
-        gpus, driver, problem = tuple(nv["gpus"]), nv["driver"], nv["problem"]
+        gpus, driver, problem, health = tuple(nv["gpus"]), nv["driver"], nv["problem"], nv.get("health")
     return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
                      cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh["interfaces"],
-                     ip_filtering=vh["ip_filtering"], ports=HostPorts.from_fact(vh)), vh
+                     ip_filtering=vh["ip_filtering"], ports=HostPorts.from_fact(vh),
+                     gpu_health=health, units=frozenset(vh.get("units", ()))), vh
 
 
 def this_host(check_secrets: bool = True) -> HostSpec | None:
@@ -183,10 +184,12 @@ def deploy_vllm() -> None:
     changed = [service.configure(plan, inst, release_changing or model_changed[inst.name],
                                  vh["unit_states"].get(inst.unit, {}), before_restart=drain_once)
                for inst in plan.instances]
+    for inst in plan.instances:
+        service.watchdog(inst, vh["watchdogs"])
     wanted = {inst.unit for inst in plan.instances}
     removed = [unit for unit in vh["units"] if unit not in wanted]
     for unit in removed:
-        service.remove(unit)
+        service.remove(unit, vh["watchdogs"])
     did_change = any(changed) or bool(removed) or built is not None
     node = _NODES.get(host.name)
     verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
@@ -263,7 +266,7 @@ def smoke_only() -> None:
         _STATUS.append((host.name, inst.name, vh["current"] or "-", current.get("release") or "-",
                         config_hash[:12] if current else "-", current.get("at", "-"), service,
                         unit.get("MainPID", "-")))
-    verify_op(plan, changed=lambda: False, wait=False)
+    verify_op(plan, changed=lambda: False, wait=False, live=True)
     if any(b.servers_of(host.name) for b in lb.balancers().values()):
         python.call(name="load balancer state", function=lambda: _LB_STATUS.extend(lb.server_states()))
 
@@ -272,8 +275,13 @@ _LB_STATUS: list[tuple[str, ...]] = []
 
 
 def _print_status() -> None:
-    head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID")
-    print("\n" + columns(head, sorted(_STATUS)) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))
+    from fleet.metrics import LIVE_HEAD
+    from roles.smoke import RESULTS
+
+    live = {(r.host, r.instance): r.live.cells() for r in RESULTS if r.live is not None}
+    head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID", *LIVE_HEAD)
+    rows = [(*row, *live.get((row[0], row[1]), ("-",) * len(LIVE_HEAD))) for row in sorted(_STATUS)]
+    print("\n" + columns(head, rows) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))
     if _LB_STATUS:
         print("\n" + columns(("BALANCER", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
                                   sorted(_LB_STATUS)))

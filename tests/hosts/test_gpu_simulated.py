@@ -3,7 +3,11 @@ replays a real captured output (tests/fixtures/nvidia/, see INDEX.md for where e
 
 Captures used: query_csv/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt (1x H100 80GB HBM3, driver
 590.48.01) and errors/nvml-mismatch-with-lib-version-550.144.txt ("Driver/library version mismatch").
-No GPU exists on this machine; nothing here installs a CUDA build.
+The GPU health test also replays `nvidia-smi -q`: the same H100's idle -q capture with its "Remapped
+Rows" section replaced, line for line, by that of a real H100 with a pending row remap
+(smi_q/h100-x8-550.90.07-ecc-rowremapper-remap-pending-FRAGMENT.txt: same 2560-bank H100, another
+machine). No public capture has both the query and the -q of a GPU with errors, so the test combines
+these two; no value is edited. No GPU exists on this machine; nothing here installs a CUDA build.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, host_files_di
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
 H100 = "query_csv/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt"
 MISMATCH = "errors/nvml-mismatch-with-lib-version-550.144.txt"
+H100_Q = "smi_q/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt"
+REMAP_PENDING = "smi_q/h100-x8-550.90.07-ecc-rowremapper-remap-pending-FRAGMENT.txt"
 CUDA = {"lab2": {"accelerator": "cuda", "install_source": "registry"}}
 
 
@@ -36,10 +42,14 @@ def simulated_gpu(deployed):
     """lab2's nvidia-smi replays a capture; removed afterwards so later tests see a CPU host again."""
     _put("lab2", "/root/fake-nvidia-smi.sh", (FIXTURES / "fake-nvidia-smi.sh").read_text(), "755")
 
-    def use(capture: str | None = None, error: str | None = None, rc: int = 0) -> None:
+    def use(capture: str | None = None, error: str | None = None, rc: int = 0,
+            q_text: str | None = None) -> None:
         if capture:
             _put("lab2", "/root/capture.txt", (FIXTURES / capture).read_text(), "644")
             env = "FAKE_SMI_CAPTURE=/root/capture.txt"
+            if q_text is not None:
+                _put("lab2", "/root/capture-q.txt", q_text, "644")
+                env += " FAKE_SMI_Q_CAPTURE=/root/capture-q.txt"
         else:
             _put("lab2", "/root/error.txt", (FIXTURES / error).read_text(), "644")
             env = f"FAKE_SMI_ERROR=/root/error.txt FAKE_SMI_RC={rc}"
@@ -47,7 +57,8 @@ def simulated_gpu(deployed):
         _put("lab2", "/usr/local/bin/nvidia-smi", wrapper, "755")
 
     yield use
-    on("lab2", "rm -f /usr/local/bin/nvidia-smi /root/fake-nvidia-smi.sh /root/capture.txt /root/error.txt")
+    on("lab2", "rm -f /usr/local/bin/nvidia-smi /root/fake-nvidia-smi.sh /root/capture.txt /root/error.txt "
+               "/root/capture-q.txt")
 
 
 def _plan(overrides: dict) -> subprocess.CompletedProcess:
@@ -88,5 +99,41 @@ def test_driver_library_mismatch_is_refused_and_nothing_changes(simulated_gpu):
     assert "lab2" in run.output and "mismatch" in run.output.lower()
     assert "reboot" in run.output.lower() and "reload" in run.output.lower()
     assert "Beginning operation run" not in run.output
+    for h in ("lab1", "lab2"):
+        assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]
+
+
+def _section(text: str, title: str) -> str:
+    """A GPU's -q section (four-space indented title) with every deeper line under it."""
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.rstrip() == f"    {title}")
+    end = next((i for i in range(start + 1, len(lines))
+                if len(lines[i]) - len(lines[i].lstrip(" ")) <= 4 and lines[i].strip()), len(lines))
+    return "".join(lines[start:end])
+
+
+def _h100_with_pending_remap() -> str:
+    idle, pending = (FIXTURES / H100_Q).read_text(), (FIXTURES / REMAP_PENDING).read_text()
+    return idle.replace(_section(idle, "Remapped Rows"), _section(pending, "Remapped Rows"))
+
+
+def test_a_gpu_with_a_pending_row_remap_is_refused_for_a_new_instance_and_nothing_changes(simulated_gpu):
+    """A new instance ("fresh", no unit on lab2) on the GPU is refused, naming host, instance and GPU; the
+    instance already deployed there ("default") is only warned. Both plans change nothing."""
+    simulated_gpu(capture=H100, q_text=_h100_with_pending_remap())
+    before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in ("lab1", "lab2")}
+
+    run = _plan({"lab2": {**CUDA["lab2"], "name": "fresh"}})
+    text = run.stdout + run.stderr
+    assert run.returncode != 0, text[-3000:]
+    assert ("lab2: vllm.instances[fresh].gpus: GPU 0 NVIDIA H100 80GB HBM3 (compute capability 9.0) "
+            "(PCI 00000000:00:09.0): a row remap is pending") in text
+    assert "`nvidia-smi -r -i 0`" in text
+
+    run = _plan(CUDA)
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text[-3000:]
+    assert ("lab2: vllm.instances[default].gpus: already deployed here, so not refused: GPU 0 NVIDIA H100 "
+            "80GB HBM3") in text
     for h in ("lab1", "lab2"):
         assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]
