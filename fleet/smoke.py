@@ -13,10 +13,12 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 
 import certifi
 import httpx
 
+from fleet.metrics import Live, parse
 from fleet.tables import columns
 
 SMOKE_TOKENS = 4
@@ -47,6 +49,7 @@ class SmokeResult:
     checks: list[Check] = field(default_factory=list)
     note: str = ""  # e.g. "rolled back to 0.31.0-cpu"
     changed: bool = False  # the deploy changed this host (and restarted what it had to)
+    live: Live | None = None  # `vllm-fleet status`: what /metrics says now
 
     @property
     def ok(self) -> bool:
@@ -62,7 +65,8 @@ class SmokeResult:
     def as_dict(self) -> dict:
         return {"host": self.host, "instance": self.instance, "ok": self.ok, "model": self.model,
                 "release": self.release, "tp": self.tp, "note": self.note, "changed": self.changed,
-                "checks": [c.__dict__ for c in self.checks]}
+                "checks": [c.__dict__ for c in self.checks],
+                "live": self.live.__dict__ if self.live else None}
 
 
 def _timed(fn: Callable[[], Check]) -> Check:
@@ -109,6 +113,29 @@ def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: fl
         if api_key:
             checks.append(_timed(unauthorized))
         return checks
+
+
+LIVE_WINDOW_S = 2.0
+
+
+def read_live(base_url: str, window_s: float = LIVE_WINDOW_S) -> Live | None:
+    """Two reads of /metrics `window_s` apart (vLLM serves it without the key); None if it has none."""
+    try:
+        with httpx.Client(base_url=base_url, timeout=10.0, verify=_tls()) as c:
+            first = c.get("/metrics")
+            t0 = time.monotonic()
+            time.sleep(window_s)  # cooperative under pyinfra's gevent
+            second = c.get("/metrics")
+            took = time.monotonic() - t0
+    except httpx.HTTPError:
+        return None
+    if first.status_code != 200 or second.status_code != 200:
+        return None
+    try:
+        server_time = parsedate_to_datetime(second.headers["date"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        server_time = None
+    return Live.of(parse(first.text), parse(second.text), took, server_time)
 
 
 def wait_healthy(base_url: str, timeout_s: float, alive: Callable[[], bool] | None = None,

@@ -23,12 +23,12 @@ from pyinfra.operations import python
 
 from fleet import effective, smoke
 from fleet.cluster import NodeRole
-from fleet.plan import CONFIG_DIR, HostPlan, InstancePlan
+from fleet.plan import CONFIG_DIR, HOST_TOOLS, HostPlan, InstancePlan
 from roles import remote
 from roles.service import STAGED
 from roles.tunnel import forward
 
-HOSTSTATE = "python3 /usr/local/lib/vllm-fleet/hoststate.py"
+HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
 RESULTS: list[smoke.SmokeResult] = []
 _registered = False
 
@@ -114,7 +114,8 @@ def _unit_crashed(unit: str) -> bool:
     return props.get("ActiveState") == "failed" or props.get("NRestarts", "0") not in ("0", "")
 
 
-def check(target: Target, release: str, timeout_s: float, wait: bool = True) -> smoke.SmokeResult:
+def check(target: Target, release: str, timeout_s: float, wait: bool = True,
+          live: bool = False) -> smoke.SmokeResult:
     api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
     result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
     if target.headless and target.group:
@@ -127,6 +128,8 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True) -> 
                 return result
             logger.info(f"[{host.name}] {target.unit} ready after {waited:.1f} s")
         result.checks = smoke.run_checks(url, target.served_name, api_key)
+        if live:
+            result.live = smoke.read_live(url)
     return result
 
 
@@ -183,7 +186,7 @@ def worker_check(target: Target, release: str, head_running: Callable[[], bool],
 
 
 def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
-           restarted: frozenset[str] = frozenset()) -> None:
+           restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
     """Smoke every instance; keep the change (commit) or put the last known good back (rollback).
 
     A cluster's head is smoke-tested like any host, and its workers follow its outcome: they commit when
@@ -192,7 +195,7 @@ def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_s
     if node is not None and not node.is_head:
         return verify_worker(plan, node, changed, had_state)
     try:
-        _verify(plan, changed, wait, had_state, restarted)
+        _verify(plan, changed, wait, had_state, restarted, live)
     except SmokeFailed:
         _decide(plan, "failed")
         raise
@@ -226,8 +229,8 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
 
 
 def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
-            restarted: frozenset[str] = frozenset()) -> None:
-    results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait) for i in plan.instances]
+            restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
+    results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait, live) for i in plan.instances]
     for inst, r in zip(plan.instances, results, strict=True):
         if r.ok and inst.name in restarted and not Target.of(inst).headless:
             r.checks.append(effective_check(inst))
@@ -299,8 +302,9 @@ def register_report() -> None:
 
 
 def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
-              restarted: frozenset[str] = frozenset()) -> None:
-    """restarted: instances this run restarts, whose start-up log is checked against the plan."""
+              restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
+    """restarted: instances this run restarts, whose start-up log is checked against the plan;
+    live: also read what /metrics says now (`vllm-fleet status`)."""
     register_report()
     python.call(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", function=verify, plan=plan,
-                changed=changed, wait=wait, had_state=had_state, restarted=restarted)
+                changed=changed, wait=wait, had_state=had_state, restarted=restarted, live=live)
