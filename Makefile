@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup demo test unit lint lab-down clean
 
-$(VENV)/.installed: pyproject.toml
+# setup.sh too: a checkout set up before a package was added to it installs that package
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
 	@bash scripts/setup.sh
 	@touch $@
 

@@ -37,7 +37,7 @@ def _pyinfra(inventory: str, deploy: str, extra: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    return _pyinfra(args.inventory, "plan.py", ["--limit", args.limit] if args.limit else [])
+    return _pyinfra(args.inventory, "plan.py", _limit_args(args.limit))
 
 
 def _rollout(args: argparse.Namespace, deploy: str = "vllm.py") -> int:
@@ -58,7 +58,58 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    return _pyinfra(args.inventory, "smoke.py", ["--limit", args.limit] if args.limit else [])
+    """With --watch, the whole status again every N seconds (each round is a fresh read-only run, so
+    what it shows is never older than one round) until interrupted."""
+    if not args.watch:
+        return _pyinfra(args.inventory, "smoke.py", _limit_args(args.limit))
+    import time
+
+    try:
+        while True:
+            started = time.strftime("%Y-%m-%d %H:%M:%S")
+            print("\033[2J\033[H", end="")  # clear the terminal, cursor home
+            print(f"vllm-fleet status {args.inventory}, every {args.watch} s (Ctrl-C stops); at {started}")
+            _pyinfra(args.inventory, "smoke.py", _limit_args(args.limit))
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _limit_args(limit: str | None) -> list[str]:
+    """One --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing."""
+    return [arg for name in (limit or "").split(",") if name.strip() for arg in ("--limit", name.strip())]
+
+
+def _targets(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from fleet.prometheus import OUTPUT_ENV
+
+    out = Path(args.output).resolve()  # pyinfra runs in the checkout, not where the operator is
+    if not out.parent.is_dir():
+        print(f"targets: {out.parent} is not a directory", file=sys.stderr)
+        return 2
+    os.environ[OUTPUT_ENV] = str(out)
+    return _pyinfra(args.inventory, "targets.py", _limit_args(args.limit))
+
+
+def _logs(args: argparse.Namespace) -> int:
+    import os
+
+    from fleet.logs import INSTANCE_ENV, LINES_ENV
+
+    os.environ[LINES_ENV] = str(args.lines)
+    if args.instance:
+        os.environ[INSTANCE_ENV] = args.instance
+    return _pyinfra(args.inventory, "logs.py", _limit_args(args.limit))
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return n
 
 
 def _model(args: argparse.Namespace) -> int:
@@ -108,8 +159,29 @@ def main(argv: list[str] | None = None) -> int:
         r.set_defaults(func=func)
     st = sub.add_parser("status", help="per host: release, config, service state, smoke test (read only)")
     st.add_argument("inventory")
-    st.add_argument("--limit")
+    st.add_argument("--limit", help="comma-separated hosts")
+    st.add_argument("--watch", type=_positive, nargs="?", const=10, metavar="SECONDS",
+                    help="refresh every SECONDS (default 10) until Ctrl-C")
     st.set_defaults(func=_status)
+
+    from fleet.logs import DEFAULT_LINES
+    from fleet.prometheus import DEFAULT_OUTPUT
+
+    tg = sub.add_parser("targets", help="Prometheus file_sd targets of every network-reachable instance "
+                                        "(read only)")
+    tg.add_argument("inventory")
+    tg.add_argument("--limit", help="comma-separated hosts")
+    tg.add_argument("--output", default=DEFAULT_OUTPUT,
+                    help=f"file_sd JSON file, replaced atomically (default ./{DEFAULT_OUTPUT})")
+    tg.set_defaults(func=_targets)
+
+    lg = sub.add_parser("logs", help="per host and instance: the journal's last lines (read only)")
+    lg.add_argument("inventory")
+    lg.add_argument("--limit", help="comma-separated hosts")
+    lg.add_argument("--instance", help="only this instance (default: every instance of the host)")
+    lg.add_argument("--lines", type=_positive, default=DEFAULT_LINES,
+                    help=f"lines per instance (default {DEFAULT_LINES})")
+    lg.set_defaults(func=_logs)
 
     model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
     model_sub = model_p.add_subparsers(dest="model_cmd", required=True)

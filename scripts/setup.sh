@@ -15,6 +15,27 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need[*]}"
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# The lab tests' real Prometheus (tests/hosts/test_prometheus.py runs its own process on a free port).
+# The package's service is kept from starting (policy-rc.d) and from boot, so nothing holds :9090 or
+# scrapes in the background; a machine that already has prometheus is left as it is.
+if ! command -v prometheus >/dev/null; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: note: the lab tests need prometheus; as root run:" \
+         "apt-get install -y --no-install-recommends prometheus" >&2
+  else
+    echo "setup: apt-get install prometheus (its service disabled)"
+    policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      policy=/usr/sbin/policy-rc.d
+      printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    fi
+    ok=0
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && ok=1
+    [ -n "$policy" ] && rm -f "$policy"
+    [ "$ok" = 1 ] || { echo "setup: installing prometheus failed" >&2; exit 1; }
+    systemctl disable --now prometheus >/dev/null 2>&1 || true  # no systemd running: nothing started
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

@@ -1,0 +1,173 @@
+"""`vllm-fleet targets` and `vllm-fleet logs` on real lab hosts: the generated file_sd file is read by a
+real Prometheus (Debian's package, installed by scripts/setup.sh) that scrapes lab1's vLLM over the lab
+network, and the journal of the running instance is read back through pyinfra."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from fleet import lab
+from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
+
+PROMETHEUS = "/usr/bin/prometheus"
+VLLM_FLEET = str(Path(sys.executable).parent / "vllm-fleet")
+# lab1 listens on every address (with the key, as the plan requires); lab2 keeps the lab's loopback bind
+BOUND = {"lab1": {"flags": {"host": "0.0.0.0"}}}
+
+
+def fleet(*args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps(overrides or {})}
+    return subprocess.run([VLLM_FLEET, *args], cwd=ROOT, env=env, text=True, capture_output=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def network_bound(deployed):
+    """lab1 serving on the lab network; afterwards the session's own deploy again, for the other tests."""
+    run = deploy(overrides=BOUND, limit="lab1")
+    assert run.rc == 0, run.output[-4000:]
+    yield run
+    back = deploy(limit="lab1")
+    assert back.rc == 0, back.output[-4000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def prometheus(tmp: Path, targets_file: Path) -> Iterator[tuple[httpx.Client, Path]]:
+    """Our own Prometheus process (never the package's service): 1 s scrapes of the file_sd file's
+    targets, its data and log under `tmp`, killed on the way out."""
+    if not Path(PROMETHEUS).exists():
+        pytest.fail(f"{PROMETHEUS} is missing: scripts/setup.sh installs it as root (make test does), or "
+                    "apt-get install -y --no-install-recommends prometheus")
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "vllm", "file_sd_configs": [{"files": [str(targets_file)]}]}],
+    }))
+    log = tmp / "prometheus.log"
+    port = _free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            wait_for(lambda: _ready(client, proc), 60,
+                     lambda: f"Prometheus not ready:\n{log.read_text()[-3000:]}")
+            yield client, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ready(client: httpx.Client, proc: subprocess.Popen) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"Prometheus exited with {proc.returncode}")
+    try:
+        return client.get("/-/ready").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_for(probe, timeout_s: float, why) -> Any:
+    """The probe's first truthy result, polled every 0.5 s; fails with why() when it never comes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.5)
+    pytest.fail(why())
+
+
+def scraped_target(client: httpx.Client, host: str) -> dict | None:
+    """The active target of `host` once its scrape succeeded."""
+    active = client.get("/api/v1/targets", params={"state": "active"}).json()["data"]["activeTargets"]
+    return next((t for t in active if t["labels"].get("host") == host and t["health"] == "up"), None)
+
+
+def series(client: httpx.Client, query: str) -> list[dict]:
+    body = client.get("/api/v1/query", params={"query": query}).json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def test_targets_file_is_scraped_by_a_real_prometheus_with_the_fleet_labels(network_bound, tmp_path):
+    out = tmp_path / "file_sd" / "vllm.json"
+    out.parent.mkdir()
+    proc = fleet("targets", INVENTORY, "--output", str(out), overrides=BOUND)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    release = on("lab1", "readlink /opt/vllm/current").strip().rsplit("/", 1)[-1]  # 0.32.0-cpu
+    labels = {"host": "lab1", "instance": "default", "model": "tiny-llama", "release": release}
+    groups = json.loads(out.read_text())
+    assert [g for g in groups if g["labels"]["host"] == "lab1"] == [
+        {"targets": [f"{lab.LabHost(1).address}:8000"], "labels": labels}]
+    assert not [g for g in groups if g["labels"]["host"] == "lab2"]  # loopback: not reachable
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("targets: ")]
+    assert len(summary) == 1 and f"written to {out}" in summary[0], proc.stdout[-2000:]
+    assert "lab2/default (binds 127.0.0.1)" in summary[0]
+    assert [p.name for p in out.parent.iterdir()] == ["vllm.json"]  # no temp file left behind
+
+    with prometheus(tmp_path, out) as (client, log):
+        target = wait_for(lambda: scraped_target(client, "lab1"), 60,
+                          lambda: f"lab1 never up: {client.get('/api/v1/targets').text[-3000:]}\n"
+                                  f"{log.read_text()[-2000:]}")
+        # no key in Prometheus' config: vLLM serves /metrics outside its key's guarded prefixes
+        assert target["scrapeUrl"] == f"http://{lab.LabHost(1).address}:8000/metrics"
+        assert target["labels"] == {**labels, "job": "vllm"}, target
+        running = wait_for(lambda: [s for s in series(client, "vllm:num_requests_running")
+                                    if s["metric"].get("host") == "lab1"], 30,
+                           lambda: f"no vllm:num_requests_running from lab1: "
+                                   f"{series(client, 'vllm:num_requests_running')}")
+        metric = running[0]["metric"]
+        assert {k: metric.get(k) for k in labels} == labels, metric
+        assert metric["model_name"] == "tiny-llama"  # vLLM's own label, beside ours
+
+        # a rerun (a cron job's) replaces the file under the watching Prometheus with the same bytes
+        written = out.read_bytes()
+        again = fleet("targets", INVENTORY, "--output", str(out), overrides=BOUND)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert out.read_bytes() == written
+        time.sleep(3)
+        assert scraped_target(client, "lab1") is not None
+
+
+def test_logs_show_the_running_instances_start_up(network_bound):
+    pid = unit_props("lab1")["MainPID"]
+    proc = fleet("logs", INVENTORY, "--limit", "lab1", "--instance", "default", "--lines", "3000",
+                 overrides=BOUND)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    head = "== lab1 / default (vllm-default.service) =="
+    assert head in proc.stdout and "== lab2 " not in proc.stdout, proc.stdout[-3000:]
+    block = proc.stdout.split(head, 1)[1]
+    # this process's start-up, not an earlier one's: "<time> lab1 vllm[<pid>]: (APIServer pid=<pid>) ..."
+    started = [line for line in block.splitlines() if (f"[{pid}]:" in line or f"pid={pid})" in line)
+               and ("Starting vLLM" in line or "non-default args" in line)]
+    assert started, block[-3000:]
+
+    unknown = fleet("logs", INVENTORY, "--instance", "nope", overrides=BOUND)
+    said = unknown.stdout + unknown.stderr
+    assert unknown.returncode != 0
+    assert "no instance 'nope' on " in said and "lab1: default" in said and "lab2: default" in said, said
