@@ -66,7 +66,9 @@ def _live_files() -> dict[str, str]:
                 files[name] = os.path.join(CONFIG_DIR, name)
     if os.path.isdir(UNIT_DIR):
         for name in sorted(os.listdir(UNIT_DIR)):
-            if name.startswith("vllm-") and name.endswith(".service"):
+            # instance units only: an instance's watchdog (vllm-watchdog@<name>.*) follows the live
+            # config by itself and is managed by the deploy
+            if name.startswith("vllm-") and name.endswith(".service") and "@" not in name:
                 files[name] = os.path.join(UNIT_DIR, name)
     return files
 
@@ -143,6 +145,17 @@ def _systemctl(*args: str) -> None:
         subprocess.run(["systemctl", *args], check=False)
 
 
+def _remove_watchdog(instance: str) -> None:
+    """An instance the restored state lacks: its watchdog goes first, so it never restarts it."""
+    timer, probe = f"vllm-watchdog@{instance}.timer", f"vllm-watchdog@{instance}.service"
+    if os.path.exists(os.path.join(UNIT_DIR, timer)):
+        _systemctl("disable", "--now", timer)
+        _systemctl("stop", probe)
+    for unit in (timer, probe):
+        if os.path.exists(os.path.join(UNIT_DIR, unit)):
+            os.unlink(os.path.join(UNIT_DIR, unit))
+
+
 def restore(which: str) -> dict:
     state = load()
     target = state.get(which)
@@ -155,6 +168,7 @@ def restore(which: str) -> dict:
     for name, path in live.items():
         if name not in target["files"]:
             if name.endswith(".service"):
+                _remove_watchdog(name[len("vllm-"):-len(".service")])
                 _systemctl("disable", "--now", name)
             os.unlink(path)
             if name.endswith(".yaml") and os.path.exists(path[:-5] + ".env"):

@@ -1,5 +1,7 @@
 """What an instance is doing now, from two reads of vLLM's own /metrics (Prometheus text format).
 
+Stdlib only: the watchdog (fleet/watchdog.py) uses it on the host too, uploaded beside it.
+
 Why two reads: generation throughput is a counter, so a rate needs two samples; everything else is a
 gauge read from the second one. Uptime comes from the API server's `process_start_time_seconds`
 against the same response's HTTP `Date` header, both the host's clock, so a controller whose clock is
@@ -20,6 +22,7 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"  # a fraction, 0..1, despite the name
 GENERATED = "vllm:generation_tokens_total"
+PROMPTED = "vllm:prompt_tokens_total"
 STARTED = "process_start_time_seconds"
 
 

@@ -7,6 +7,7 @@ roles only apply it, so what `vllm-fleet plan` shows is exactly what a deploy wr
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,14 +70,21 @@ class Watchdog:
     failures: int
     # an instance that has not served since it started is not counted against before this
     grace_s: int
-    # the address vLLM binds, as the probe's unit may reach it (the probe reads host and port from the
-    # live config each time, so a rollback to another config is probed as it is)
-    address: str
+    # systemd IPAddressAllow= of the probe: loopback and the host's own addresses, which is where any
+    # config of this host binds (the probe reads host and port from the live config each time, so a
+    # rollback to another config is probed as it is)
+    allow: tuple[str, ...]
 
     @property
     def bound_s(self) -> int:
-        """The longest a hung engine goes unnoticed once probes start failing."""
+        """About the longest a hung engine goes unnoticed once probes start failing (each probe also
+        takes a moment to start)."""
         return self.failures * (self.interval_s + self.timeout_s)
+
+    @property
+    def window_s(self) -> int:
+        """Failures older than this are forgotten: the bound with room for slow probe starts."""
+        return 2 * self.bound_s + 10
 
 
 @dataclass(frozen=True)
@@ -510,16 +518,20 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         gpu_indexes=tuple(g.index for g in gpus), host=f.host, port=f.port,
         shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else SHUTDOWN_TIMEOUT_S,
         node=node, ip_allow=ip_allow, pipeline_parallel=pp,
-        watchdog=watchdog_of(inst, spec.ready_timeout_s, f.host, node),
+        watchdog=watchdog_of(inst, spec.ready_timeout_s, f.host, facts.interfaces, node),
     )
 
 
-def watchdog_of(inst: InstanceSpec, ready_timeout_s: int, bind: str,
+def watchdog_of(inst: InstanceSpec, ready_timeout_s: int, bind: str, interfaces: Mapping[str, str],
                 node: NodeRole | None) -> Watchdog | None:
     w = inst.watchdog
     if not w.enabled or (node is not None and not node.is_head):
         return None
-    return Watchdog(w.interval_s, w.timeout_s, w.failures, ready_timeout_s, probe_address(bind))
+    local = set(interfaces)
+    with contextlib.suppress(ValueError):  # a host name resolves to one of the host's own addresses
+        local.add(str(ipaddress.ip_address(probe_address(bind))))
+    allow = ("localhost", *sorted(a for a in local if not ipaddress.ip_address(a).is_loopback))
+    return Watchdog(w.interval_s, w.timeout_s, w.failures, ready_timeout_s, allow)
 
 
 

@@ -115,8 +115,8 @@ class WatchdogSpec(BaseModel):
 
     Why: vLLM's /health only says whether the API server has noticed the engine die; an engine that is
     alive but stuck keeps /health at 200 while every request waits. A hung instance is restarted within
-    `failures` x (`interval_s` + `timeout_s`) of the first failed probe; one that has not served since it
-    started is left alone until the host's `ready_timeout_s` has passed (a model still loading).
+    about `failures` x (`interval_s` + `timeout_s`) of the first failed probe; one that has not served
+    since it started is left alone until the host's `ready_timeout_s` has passed (a model still loading).
     """
 
     model_config = STRICT

@@ -26,9 +26,16 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+try:
+    from fleet.metrics import GENERATED, PROMPTED, parse
+except ImportError:  # on the host, uploaded beside this script
+    from metrics import GENERATED, PROMPTED, parse  # type: ignore[no-redef]
+
 RESTART = 75  # exit status that asks the unit's ExecStopPost= to restart the instance
 # the probe unit's StateDirectory= and RuntimeDirectory= (under /var/lib and /run)
 STATE_NAME = "vllm-watchdog-{}"
+# what the unit's root pre-step records of the instance, and its stop step compares before a restart
+UNIT_STATE = "-p InvocationID -p ActiveState -p ActiveEnterTimestampMonotonic"
 PROMPT = "ping"
 
 
@@ -47,7 +54,7 @@ class State:
             d = json.loads(text)
             return cls(str(d["invocation"]), bool(d["armed"]), [float(t) for t in d["failures"]],
                        str(d.get("last_error", "")))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return cls()
 
     def dump(self) -> str:
@@ -72,8 +79,12 @@ class Unit:
 
 
 def decide(state: State, unit: Unit, ok: bool | None, error: str, now: float, *,
-           failures: int, bound_s: float, grace_s: float) -> tuple[State, str, bool]:
-    """(new state, what to log, restart?) for one probe; ok None: not probed (unit not active)."""
+           failures: int, window_s: float, grace_s: float, busy: float = 0.0) -> tuple[State, str, bool]:
+    """(new state, what to log, restart?) for one probe; ok None: not probed (unit not active).
+
+    busy: tokens the engine processed while this probe waited (its counters in /metrics before and
+    after). A probe that failed while the engine made progress met a full queue, not a hung engine:
+    not counted. A frozen engine's counters stand still."""
     if unit.invocation != state.invocation:
         state = State(invocation=unit.invocation)
     if ok is None:
@@ -81,40 +92,68 @@ def decide(state: State, unit: Unit, ok: bool | None, error: str, now: float, *,
     if ok:
         note = "" if state.armed and not state.failures else "serving"
         return State(unit.invocation, armed=True), note, False
-    recent = [t for t in state.failures if now - t <= bound_s] + [now]
+    if busy > 0:
+        return state, (f"probe failed ({error}) while the engine processed {busy:.0f} tokens: busy, "
+                       "not hung; not counted"), False
+    recent = [t for t in state.failures if now - t <= window_s] + [now]
     state = State(unit.invocation, state.armed, recent, error)
     if not state.armed and now - unit.started < grace_s:
         return State(unit.invocation), (f"not serving yet ({error}); started {now - unit.started:.0f} s "
                                         f"ago, waiting up to {grace_s:.0f} s before counting"), False
     if len(recent) < failures:
         return state, f"probe failed ({error}): {len(recent)} of {failures} in a row", False
-    return State(unit.invocation), (f"{len(recent)} probes failed in a row within {bound_s:.0f} s "
-                                    f"(last: {error}): restarting the instance"), True
+    return State(unit.invocation), (f"{len(recent)} probes failed in a row (last: {error}): "
+                                    "restarting the instance"), True
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect would carry the key elsewhere: it is a failed probe."""
+
+    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None
+
+
+# no proxy from the environment and no redirects: the probe talks to this host's vLLM and nothing else
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 def probe(url: str, model: str, api_key: str | None, timeout_s: float) -> tuple[bool, str]:
-    """One tiny real completion; (served, why not)."""
+    """One tiny real completion; (served, why not). Anything the server sends back other than a
+    completion is a failure, never a crash of the probe."""
     body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}).encode()
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers, method="POST")
     t0 = time.monotonic()
+    late = f"no answer to a completion within {timeout_s:.0f} s"
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
             data = json.loads(resp.read(1 << 20))
-        if not data.get("choices"):
-            return False, "a completion without choices"
+        if not isinstance(data, dict) or not data.get("choices"):
+            return False, "an answer that is not a completion"
         return True, f"{time.monotonic() - t0:.2f} s"
     except urllib.error.HTTPError as e:
         return False, f"HTTP {e.code} on POST /v1/completions"
     except TimeoutError:
-        return False, f"no answer to a completion within {timeout_s:.0f} s"
-    except (OSError, ValueError) as e:
+        return False, late
+    except Exception as e:  # noqa: BLE001  whatever a broken or hostile server does
         reason = getattr(e, "reason", e)
-        if isinstance(reason, TimeoutError):
-            return False, f"no answer to a completion within {timeout_s:.0f} s"
-        return False, f"{type(reason).__name__}: {reason}"
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            return False, late
+        return False, f"{type(reason).__name__}"
+
+
+def progress(url: str, timeout_s: float = 5.0) -> float | None:
+    """The engine's prompt + generated token counters from /metrics (no key needed), None if unread."""
+    try:
+        with _OPENER.open(f"{url}/metrics", timeout=timeout_s) as resp:
+            values = parse(resp.read(4 << 20).decode("utf-8", "replace"))
+    except Exception:  # noqa: BLE001
+        return None
+    if GENERATED not in values and PROMPTED not in values:
+        return None
+    return values.get(GENERATED, 0.0) + values.get(PROMPTED, 0.0)
 
 
 def probe_address(bind: str) -> str:
@@ -139,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", required=True)
     p.add_argument("--timeout", type=float, required=True)
     p.add_argument("--failures", type=int, required=True)
-    p.add_argument("--bound", type=float, required=True)
+    p.add_argument("--window", type=float, required=True, help="seconds a failure is remembered")
     p.add_argument("--grace", type=float, required=True)
     a = p.parse_args(argv)
     with open(a.unit_state) as f:
@@ -150,20 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError:
         state = State()
     ok: bool | None = None
-    error = ""
+    error, busy = "", 0.0
     if unit.active:
         with open(a.config) as f:
             address, port, model = serve_target(f.read())
         url = f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+        before = progress(url)
         ok, error = probe(url, model or "", os.environ.get("VLLM_API_KEY") or None, a.timeout)
+        after = progress(url) if not ok and before is not None else None
+        busy = after - before if after is not None and before is not None else 0.0
     state, note, restart = decide(state, unit, ok, error, time.monotonic(), failures=a.failures,
-                                  bound_s=a.bound, grace_s=a.grace)
+                                  window_s=a.window, grace_s=a.grace, busy=busy)
     tmp = f"{a.state}.tmp"
     with open(tmp, "w") as f:
         f.write(state.dump())
     os.replace(tmp, a.state)
-    if note:
-        print(f"{a.unit}: {note}", flush=True)
+    if note:  # journal priorities: <4> warning for a restart, <5> notice otherwise (LogLevelMax=notice)
+        print(f"{'<4>' if restart else '<5>'}{a.unit}: {note}", flush=True)
     return RESTART if restart else 0
 
 

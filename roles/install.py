@@ -25,8 +25,9 @@ HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
 FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
 HOST_PYTHON = "/usr/bin/python3"
-# stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it)
-HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py")
+# stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
+# the watchdog metrics.py)
+HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py")
 
 
 def base(base_ok: bool) -> None:

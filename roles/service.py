@@ -66,9 +66,12 @@ def remove_watchdog(name: str, watchdogs: Mapping[str, Mapping[str, str]], why: 
     timer = f"vllm-watchdog@{name}.timer"
     if timer not in watchdogs:
         return []
+    probe = f"vllm-watchdog@{name}.service"
+    # the probe too: one in flight could otherwise still restart what is being removed
     ops = [server.shell(name=f"stop and disable {timer} ({why})",
-                        commands=[f"systemctl disable --now {timer}"])]
-    for unit in (timer, f"vllm-watchdog@{name}.service"):
+                        commands=[f"systemctl disable --now {timer}; systemctl stop {probe}; "
+                                  f"systemctl clean --what=state {probe} 2>/dev/null || true"])]
+    for unit in (timer, probe):
         path = f"/etc/systemd/system/{unit}"
         ops.append(files.file(name=f"remove {path}", path=path, present=False))
     return ops

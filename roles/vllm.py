@@ -16,7 +16,7 @@ from typing import Any
 
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.operations import python
+from pyinfra.operations import python, server
 
 from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
@@ -190,6 +190,14 @@ def deploy_vllm() -> None:
     removed = [unit for unit in vh["units"] if unit not in wanted]
     for unit in removed:
         service.remove(unit, vh["watchdogs"])
+    # a watchdog whose instance is gone already (a rolled-back new instance, say)
+    planned = {inst.name for inst in plan.instances} | {u[len("vllm-"):-len(".service")] for u in removed}
+    orphans = [t[len("vllm-watchdog@"):-len(".timer")] for t in vh["watchdogs"]]
+    orphans = [name for name in orphans if name not in planned]
+    for name in orphans:
+        service.remove_watchdog(name, vh["watchdogs"], why=f"instance {name} is gone")
+    if orphans:
+        server.shell(name="systemd daemon-reload (watchdog removed)", commands=["systemctl daemon-reload"])
     did_change = any(changed) or bool(removed) or built is not None
     node = _NODES.get(host.name)
     verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),

@@ -58,6 +58,8 @@ def wait_for(what: str, check, timeout_s: float, step: float = 0.5):
 
 @pytest.fixture(scope="module")
 def fast_watchdog(deployed):
+    base = deploy(limit="lab1")  # the lab's own settings first: earlier tests may have left others
+    assert base.rc == 0, base.output[-4000:]
     before = props("lab1")
     run = deploy(overrides={"lab1": {"watchdog": FAST}}, limit="lab1")
     assert run.rc == 0, run.output[-4000:]

@@ -12,7 +12,7 @@ from fleet.watchdog import RESTART, State, Unit, decide, serve_target
 
 UNIT = Unit("inv-1", active=True, started=1000.0)
 KEY = "key-that-must-stay-in-the-env-file"
-LIMITS = {"failures": 3, "bound_s": 180.0, "grace_s": 420.0}
+LIMITS = {"failures": 3, "window_s": 180.0, "grace_s": 420.0}
 
 
 def run(state: State, results: list[tuple[bool, float]], unit: Unit = UNIT) -> list[tuple[str, bool]]:
@@ -27,7 +27,7 @@ def test_three_failures_in_a_row_after_serving_restart():
     steps = run(State(), [(True, 1010), (False, 1100), (False, 1160), (False, 1220)])
     assert steps[0] == ("serving", False)
     assert [r for _, r in steps] == [False, False, False, True]
-    assert "3 probes failed in a row within 180 s (last: timed out)" in steps[-1][0]
+    assert "3 probes failed in a row (last: timed out): restarting" in steps[-1][0]
 
 
 def test_a_success_in_between_resets_the_count():
@@ -99,7 +99,7 @@ def test_units_render_the_inventory_settings_and_restart_only_on_the_probe_statu
     plan, inst = _lab_plan({"watchdog": {"interval_s": 5, "timeout_s": 4, "failures": 2}})
     service, timer = render.watchdog_units(inst)
     assert inst.watchdog is not None and inst.watchdog.bound_s == 18
-    assert "--timeout 4 --failures 2 --bound 18 --grace 420" in service
+    assert "--timeout 4 --failures 2 --window 46 --grace 420" in service
     assert f"SuccessExitStatus={RESTART}" in service
     assert f'[ "$$EXIT_STATUS" = {RESTART} ] || exit 0' in service
     assert "exec systemctl --no-block restart vllm-default.service" in service
@@ -122,3 +122,54 @@ def test_bad_watchdog_settings_name_host_and_field(bad, words):
     with pytest.raises(SpecError) as e:
         parse_host("lab1", {**lab_vllm(1), "watchdog": bad})
     assert any(p.startswith("lab1: ") and words in p for p in e.value.problems), e.value.problems
+
+
+def test_a_busy_engine_is_not_a_hung_one():
+    """The probe failed in a full queue while the engine's token counters moved: not counted; a frozen
+    engine's counters stand still (seen on the lab's SIGSTOPped engine), so it is."""
+    state, _, _ = decide(State(), UNIT, True, "", 1010, **LIMITS)
+    for now in (1100, 1160, 1220):
+        state, note, restart = decide(state, UNIT, False, "late", now, busy=1200.0, **LIMITS)
+        assert not restart and "busy, not hung" in note
+    for now in (1280, 1340, 1400):
+        state, note, restart = decide(state, UNIT, False, "late", now, **LIMITS)
+    assert restart
+
+
+def test_a_broken_or_hostile_answer_is_a_failed_probe_not_a_crash():
+    import socket
+    import threading
+
+    from fleet.watchdog import probe
+
+    answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]", b"garbage\r\n\r\n",
+               b"HTTP/1.1 302 Found\r\nLocation: http://example.invalid/\r\nContent-Length: 0\r\n\r\n"]
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = srv.accept()
+            conn.recv(65536)
+            conn.sendall(answer)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    results = [probe(url, "m", "key", 5) for _ in answers]
+    srv.close()
+    assert [ok for ok, _ in results] == [False, False, False]
+    assert results[0][1] == "an answer that is not a completion"
+    assert results[2][1] == "HTTP 302 on POST /v1/completions"  # not followed: the key stays here
+
+
+def test_the_probe_may_reach_loopback_and_the_hosts_own_addresses_only():
+    from fleet.plan import watchdog_of
+    from fleet.spec import InstanceSpec
+
+    inst = InstanceSpec.model_validate({"model": {"name": "m", "path": "/m"}})
+    w = watchdog_of(inst, 600, "vllm-node.example", {"10.0.0.7": "eth0", "127.0.0.1": "lo"}, None)
+    assert w is not None and w.allow == ("localhost", "10.0.0.7")
+    w = watchdog_of(inst, 600, "10.0.0.9", {}, None)
+    assert w is not None and w.allow == ("localhost", "10.0.0.9")
