@@ -6,6 +6,7 @@ half-rendered unit on a host.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +31,10 @@ def envquote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """One per process: Jinja keeps each template compiled in its environment, and a deploy renders
+    every unit, config and watchdog at least twice (to compare, then to write)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -54,11 +58,12 @@ def unit(plan: HostPlan, inst: InstancePlan) -> str:
 
 def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
     """(service, timer) file contents of the instance's watchdog; the instance must have one."""
-    from fleet.watchdog import RESTART, STATE_NAME
+    from fleet.watchdog import RESTART, STATE_NAME, UNIT_STATE
 
     env = environment()
     args = {"i": inst, "w": inst.watchdog, "state_name": STATE_NAME.format(inst.name),
-            "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART}
+            "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART,
+            "show": f"systemctl show {UNIT_STATE} {inst.unit}"}
     return (env.get_template("vllm-watchdog.service.j2").render(**args),
             env.get_template("vllm-watchdog.timer.j2").render(**args))
 
