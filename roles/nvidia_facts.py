@@ -38,8 +38,11 @@ MARK = "@@fleet"
 # Tried in order until nvidia-smi stops answering 'Field "..." is not a valid field to query.':
 # compute_cap needs about R510, mig.mode.current R450; the last form works on any nvidia-smi.
 FIELD_SETS = (f"{QUERY_FIELDS},{MIG_FIELD}", f"{QUERY_FIELDS_NO_CC},{MIG_FIELD}", QUERY_FIELDS_NO_CC)
-# Kernel log lines kept per read: an Xid storm repeats one line thousands of times.
+# Kernel log lines kept per read: an Xid storm repeats one line thousands of times, so each (GPU, Xid)
+# is kept once, first seen first, and a flood of one harmless Xid cannot push a fatal one out.
 XID_LINES = 500
+_FIRST_OF_EACH_XID = ("awk '{k = substr($0, index($0, \"NVRM: Xid\")); sub(/,.*/, \"\", k); "
+                      "if (!seen[k]++) print}'")
 
 
 def _health_sh() -> str:
@@ -55,7 +58,8 @@ def _health_sh() -> str:
         "x=$(journalctl -k -b --no-pager -q -o cat 2>/dev/null | grep 'NVRM: Xid'); "
         "elif d=$(dmesg 2>/dev/null); then src=dmesg; x=$(printf '%s\\n' \"$d\" | grep 'NVRM: Xid'); "
         "else src=none; x=; fi; "
-        f"echo '{MARK} begin xid'; echo \"{MARK} source $src\"; printf '%s\\n' \"$x\" | tail -n {XID_LINES}; "
+        f"echo '{MARK} begin xid'; echo \"{MARK} source $src\"; "
+        f"printf '%s\\n' \"$x\" | {_FIRST_OF_EACH_XID} | tail -n {XID_LINES}; "
         f"echo '{MARK} end xid'; "
     )
 
