@@ -11,6 +11,7 @@ hide that host from Prometheus just when it should be reported down.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from pyinfra.operations import python
 
 from fleet import prometheus
 from fleet.plan import HostPlan
+from roles.facts import VllmHost
 from roles.vllm import inventory_specs, plan_without_secrets, this_host
 
 _PLANS: dict[str, tuple[HostPlan, str]] = {}
@@ -41,7 +43,12 @@ def targets() -> None:
         python.call(name="write Prometheus targets", function=_write, path=output_path())
     spec = this_host(check_secrets=False)
     assert spec is not None
-    _PLANS[host.name] = (plan_without_secrets(spec), host.data.get("ssh_hostname") or host.name)
+    plan = plan_without_secrets(spec)
+    # the release label says what the host runs now (after a rollback, not what the inventory asks for);
+    # a host with nothing deployed yet is labelled with the release it will get
+    running = host.get_fact(VllmHost)["current"]
+    _PLANS[host.name] = (dataclasses.replace(plan, release=running or plan.release),
+                         host.data.get("ssh_hostname") or host.name)
 
 
 def _print_summary() -> None:
