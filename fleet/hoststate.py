@@ -200,7 +200,7 @@ def restore(which: str) -> dict:
 
 
 def _models_in(directory: str) -> set[str]:
-    """Staged model directories named by the serve configs in a directory (`model: /path`)."""
+    """Model paths (host paths, normalized) named by the serve configs in a directory (`model: /path`)."""
     out = set()
     if os.path.isdir(directory):
         for name in os.listdir(directory):
@@ -208,8 +208,14 @@ def _models_in(directory: str) -> set[str]:
                 with open(os.path.join(directory, name)) as f:
                     for line in f:
                         if line.startswith("model:"):
-                            out.add(os.path.basename(line.split(":", 1)[1].strip().strip("'\"")))
+                            out.add(os.path.normpath(line.split(":", 1)[1].strip().strip("'\"")))
     return out
+
+
+def _in_use(model_dir: str, used: set[str]) -> bool:
+    """A directory under the models root is in use when a config names it or anything inside it
+    (`host_path: /var/lib/vllm/models/llama/v2` uses `llama`)."""
+    return any(u == model_dir or u.startswith(model_dir + "/") for u in used)
 
 
 def prune(keep: int) -> dict:
@@ -230,14 +236,25 @@ def prune(keep: int) -> dict:
             if i >= keep and rel not in protected:
                 shutil.rmtree(os.path.join(RELEASES, rel))
                 removed.append(rel)
+        # a build that failed leaves its temp directory; under the lock no build is running
+        for name in os.listdir(RELEASES):
+            path = os.path.join(RELEASES, name)
+            if name.startswith(".tmp-") and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+                removed.append(name)
         wheels = _prune_wheels(removed)
     used = (_models_in(CONFIG_DIR) | _models_in(SNAPSHOTS + "/current") | _models_in(SNAPSHOTS + "/previous"))
     models = []
-    if os.path.isdir(MODELS):
+    if os.path.isdir(MODELS) and not os.path.islink(MODELS):
         for name in sorted(os.listdir(MODELS)):
-            if name not in used:
-                shutil.rmtree(os.path.join(MODELS, name))
-                models.append(name)
+            path = os.path.join(MODELS, name)
+            if _in_use(os.path.normpath(path[len(ROOT):] if ROOT else path), used):
+                continue
+            if os.path.islink(path):  # never followed: only the link itself goes
+                os.unlink(path)
+            else:
+                shutil.rmtree(path)
+            models.append(name)
     return {"removed": removed, "kept": [r for r in releases if r not in removed], "models_removed": models,
             "wheels_removed": wheels}
 

@@ -129,6 +129,44 @@ def test_prune_removes_only_models_no_current_or_previous_config_uses(hs):
     assert sorted(os.listdir(models)) == ["cur", "prev"]
 
 
+def test_prune_keeps_a_model_a_config_names_by_a_path_inside_it(hs):
+    """host_path `.../models/llama/v2` (or with a trailing slash) uses `llama`: comparing last path
+    components removed it."""
+    mod, root = hs
+    models = root / "var/lib/vllm/models"
+    for m in ("llama/v2", "chat", "old"):
+        (models / m).mkdir(parents=True)
+    deploy(root, "0.31.0-cpu", "model: /var/lib/vllm/models/chat/\n")
+    mod.commit("0.31.0-cpu")
+    deploy(root, "0.32.0-cpu", "model: /var/lib/vllm/models/llama/v2\n")
+    mod.commit("0.32.0-cpu")
+    assert mod.prune(3)["models_removed"] == ["old"]
+    assert sorted(os.listdir(models)) == ["chat", "llama"]
+
+
+def test_prune_removes_a_planted_link_itself_never_what_it_points_at(hs, tmp_path_factory):
+    mod, root = hs
+    victim = tmp_path_factory.mktemp("victim")
+    (victim / "precious").mkdir()
+    models = root / "var/lib/vllm/models"
+    models.mkdir(parents=True)
+    (models / "evil").symlink_to(victim)
+    deploy(root, "0.32.0-cpu", "model: /var/lib/vllm/models/cur\n")
+    mod.commit("0.32.0-cpu")
+    assert mod.prune(3)["models_removed"] == ["evil"]
+    assert (victim / "precious").is_dir() and not (models / "evil").exists()
+
+
+def test_prune_removes_what_a_failed_build_left(hs):
+    mod, root = hs
+    deploy(root, "0.32.0-cpu", "a: 1\n")
+    mod.commit("0.32.0-cpu")
+    (root / "opt/vllm/releases/.tmp-0.33.0-cu130/bin").mkdir(parents=True)
+    out = mod.prune(3)
+    assert ".tmp-0.33.0-cu130" in out["removed"]
+    assert sorted(os.listdir(root / "opt/vllm/releases")) == [".lock", "0.32.0-cpu"]
+
+
 def test_prune_drops_stored_wheels_only_no_kept_or_pending_release_lists(hs):
     mod, root = hs
     store = root / "var/cache/vllm-fleet/wheels"
