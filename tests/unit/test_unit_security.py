@@ -33,3 +33,9 @@ def test_stock_unit_scores_badly_for_comparison(tmp_path):
     unit = tmp_path / "plain.service"
     unit.write_text("[Service]\nExecStart=/usr/bin/true\n")
     assert score(unit) >= 9.0
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu", "cluster-worker", "watchdog"])
+def test_units_get_their_own_mount_namespace(kind):
+    """PrivateMounts=: mounts made inside the unit stay there, and the host's later ones do not leak in."""
+    assert "\nPrivateMounts=yes\n" in render_units()[kind]
