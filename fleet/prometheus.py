@@ -1,8 +1,10 @@
 """Prometheus file_sd targets from the hosts' plans (`vllm-fleet targets`). Pure: no I/O.
 
 Built from the plan rather than from a list kept by hand, so a host added to the inventory is scraped
-from its first deploy, and the labels (release above all) say what the deploy put there. vLLM serves
-/metrics outside its API key's guarded prefixes, so Prometheus needs no secret.
+from its first deploy, and the labels (release above all) say what the deploy put there. On an instance
+with a key, /metrics is behind the key guard (fleet/keyguard.py) unless its `open_paths` has it: such an
+instance is left out and named in the summary, since a file_sd target cannot carry a bearer token and
+the toolkit hands no key to Prometheus.
 https://prometheus.io/docs/guides/file-sd/ has the file's format.
 """
 
@@ -45,12 +47,19 @@ def scrape_address(inst: InstancePlan, host_address: str) -> str:
     return f"[{addr}]:{inst.port}" if ":" in addr else f"{addr}:{inst.port}"
 
 
+def metrics_open(inst: InstancePlan) -> list[str]:
+    """The instance's paths open without the key (the key guard's environment)."""
+    return inst.environment.get("VLLM_FLEET_OPEN_PATHS", "").split(",")
+
+
 def instance_target(plan: HostPlan, inst: InstancePlan, host_address: str) -> dict[str, Any] | LeftOut:
     """One file_sd group per instance (its labels are its own), or why it is left out."""
     if inst.node is not None and not inst.node.is_head:
         return LeftOut(plan.host, inst.name, f"headless worker of cluster {inst.node.cluster} (no API)")
     if _is_loopback(inst.host):
         return LeftOut(plan.host, inst.name, f"binds {inst.host}")
+    if inst.flags.get("middleware") and "/metrics" not in metrics_open(inst):
+        return LeftOut(plan.host, inst.name, "/metrics needs the API key; add \"/metrics\" to open_paths")
     labels = {"host": plan.host, "instance": inst.name, "model": inst.served_name, "release": plan.release}
     if inst.flags.get("ssl-certfile"):
         labels["__scheme__"] = "https"  # file_sd labels override the scrape config's scheme

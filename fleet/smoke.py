@@ -3,15 +3,17 @@
 /health says the process is up, not that it serves: a tiny model with an unsupported head size answers
 /health and /v1/models and then dies on the first completion. So the smoke test always sends a real
 completion (ignore_eos + max_tokens makes the token count a firm assertion) and checks that the key is
-enforced (401 without it).
+enforced (401 without it): after a restart on every route the installed vLLM registers, as the host
+lists them from vLLM's own app (fleet/keyguard.py `routes`), since vLLM's own check skips /invocations.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
@@ -79,10 +81,12 @@ def _timed(fn: Callable[[], Check]) -> Check:
     return check
 
 
-def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: float = 60.0) -> list[Check]:
-    """The smoke test proper; `api_key` None means the instance runs without a key (no 401 check)."""
+def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: float = 60.0,
+               transport: httpx.BaseTransport | None = None) -> list[Check]:
+    """The smoke test proper; `api_key` None means the instance runs without a key (no 401 check).
+    `transport` carries the requests (roles/tunnel.py: a channel per request, no local listener)."""
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(base_url=base_url, timeout=timeout, verify=_tls()) as c:
+    with httpx.Client(base_url=base_url, timeout=timeout, verify=_tls(), transport=transport) as c:
 
         def health() -> Check:
             r = c.get("/health")
@@ -115,13 +119,76 @@ def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: fl
         return checks
 
 
+# the route every instance has that runs a completion outside vLLM's own key check: probed first, and
+# nothing else is sent unless it is refused (an unguarded server gets no request that changes it)
+SENTINEL = "/invocations"
+_WS = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+       "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+def probes(routes: Iterable[Mapping], open_paths: Collection[str]) -> list[tuple[str, str, str]]:
+    """(kind, method, path) to send without the key, one per route that is not open: POST with an empty
+    JSON body where the route takes POST, GET otherwise; path parameters filled with a placeholder; a
+    mount also below its path (vLLM's /metrics mount matches any suffix)."""
+    out: list[tuple[str, str, str]] = []
+    for r in routes:
+        path = re.sub(r"\{[^}]*\}", "smoke", str(r["path"]))
+        methods = set(r.get("methods") or ())
+        kind = str(r.get("kind", "http"))
+        if kind == "websocket":
+            cands = [("websocket", "GET", path)]
+        elif kind == "mount":
+            cands = [("http", "GET", path), ("http", "GET", path.rstrip("/") + "/smoke")]
+        else:
+            method = "POST" if "POST" in methods else "GET" if "GET" in methods or not methods \
+                else sorted(methods)[0]
+            cands = [("http", method, path)]
+        out += [c for c in cands if c[2] not in open_paths and c not in out]
+    sentinel = [p for p in out if p[2] == SENTINEL]
+    return sentinel + [p for p in out if p[2] != SENTINEL]
+
+
+def guard_check(base_url: str, routes: Sequence[Mapping], open_paths: Collection[str],
+                timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> Check:
+    """401 without the key on every route but the open ones (a websocket may also be refused with 403,
+    a handshake closed before accept). No route list, or one without /invocations, is a failure."""
+    todo = probes(routes, open_paths)
+    if not any(p[2] == SENTINEL for p in todo):
+        return Check("no-key-401", False, f"the host listed no {SENTINEL} route ({len(todo)} listed)")
+    bad: list[str] = []
+    with httpx.Client(base_url=base_url, timeout=timeout, verify=_tls(), transport=transport) as c:
+        for kind, method, path in todo:
+            try:
+                if kind == "websocket":
+                    code = c.get(path, headers=_WS).status_code
+                    ok = code in (401, 403)
+                else:
+                    code = c.request(method, path, json={} if method == "POST" else None).status_code
+                    ok = code == 401
+            except httpx.HTTPError as e:
+                bad.append(f"{method} {path}: {type(e).__name__}")
+                continue
+            if not ok:
+                bad.append(f"{method} {path}: HTTP {code} without the key")
+                if path == SENTINEL:
+                    break  # unguarded: send nothing more
+    if bad:
+        return Check("no-key-401", False, f"{len(bad)} of {len(todo)} routes answer without the key: "
+                     + "; ".join(bad[:5]) + ("; ..." if len(bad) > 5 else ""))
+    return Check("no-key-401", True, f"401 on {len(todo)}/{len(todo)} routes")
+
+
 LIVE_WINDOW_S = 2.0
 
 
-def read_live(base_url: str, window_s: float = LIVE_WINDOW_S) -> Live | None:
-    """Two reads of /metrics `window_s` apart (vLLM serves it without the key); None if it has none."""
+def read_live(base_url: str, window_s: float = LIVE_WINDOW_S, api_key: str | None = None,
+              transport: httpx.BaseTransport | None = None) -> Live | None:
+    """Two reads of /metrics `window_s` apart (with the key: /metrics is open only if the inventory
+    says so); None if it has none."""
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.Client(base_url=base_url, timeout=10.0, verify=_tls()) as c:
+        with httpx.Client(base_url=base_url, timeout=10.0, verify=_tls(), headers=auth,
+                          transport=transport) as c:
             first = c.get("/metrics")
             t0 = time.monotonic()
             time.sleep(window_s)  # cooperative under pyinfra's gevent
@@ -139,10 +206,10 @@ def read_live(base_url: str, window_s: float = LIVE_WINDOW_S) -> Live | None:
 
 
 def wait_healthy(base_url: str, timeout_s: float, alive: Callable[[], bool] | None = None,
-                 interval: float = 1.0) -> tuple[bool, float]:
+                 interval: float = 1.0, transport: httpx.BaseTransport | None = None) -> tuple[bool, float]:
     """Poll /health with a bound. `alive` lets the caller stop early when the unit has failed for good."""
     t0 = time.monotonic()
-    with httpx.Client(base_url=base_url, timeout=5.0, verify=_tls()) as c:
+    with httpx.Client(base_url=base_url, timeout=5.0, verify=_tls(), transport=transport) as c:
         while time.monotonic() - t0 < timeout_s:
             try:
                 if c.get("/health").status_code == 200:
@@ -167,8 +234,8 @@ def table(results: Iterable[SmokeResult]) -> str:
             c = by.get(name)
             if c is None:
                 return "-"
-            return ("ok" if c.ok else "FAIL") + (f" ({c.detail})" if name in ("completion", "config") and c.ok
-                                                 else "")
+            shown = ("completion", "config", "no-key-401")
+            return ("ok" if c.ok else "FAIL") + (f" ({c.detail})" if name in shown and c.ok else "")
 
         rows.append((r.host, r.instance, r.model, str(r.tp), r.release, cell("health"), cell("models"),
                      cell("completion"), cell("no-key-401"), cell("config"),

@@ -26,7 +26,7 @@ from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HOST_TOOLS, HostPlan, InstancePlan
 from roles import remote
 from roles.service import STAGED
-from roles.tunnel import forward
+from roles.tunnel import tunnel
 
 HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
 RESULTS: list[smoke.SmokeResult] = []
@@ -107,6 +107,32 @@ def effective_command(inst: InstancePlan) -> str:
             f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$id | {grep}")
 
 
+def routes_command(inst: InstancePlan) -> str:
+    """The routes the release's own vLLM registers for the live config, listed by the validate step
+    (fleet/validate_serve.py, fleet/keyguard.py): no second import of vLLM after the restart."""
+    return f"cat {STAGED}/{inst.name}.yaml.routes.json 2>&1"
+
+
+def guard_check(plan: HostPlan, inst: InstancePlan) -> smoke.Check:
+    """Every route of the new process but the open ones answers 401 without the key."""
+    ok, out = run(routes_command(inst))
+    lines = out.strip().splitlines()
+    try:
+        routes = json.loads(lines[-1]) if ok and lines else None
+    except json.JSONDecodeError:
+        routes = None
+    if not isinstance(routes, list):
+        return smoke.Check("no-key-401", False, "the host could not list vLLM's routes: "
+                           + (lines[-1][-300:] if lines else "no output"))
+    opened = inst.environment.get("VLLM_FLEET_OPEN_PATHS", "/health").split(",")
+    with tunnel(host, inst.host, inst.port) as t:
+        return smoke.guard_check(t.url, routes, opened, transport=t.transport)
+
+
+def _replace(result: smoke.SmokeResult, check: smoke.Check) -> None:
+    result.checks = [c for c in result.checks if c.name != check.name] + [check]
+
+
 def _unit_crashed(unit: str) -> bool:
     """Failed, or restarted by systemd since the deploy started it: either way it will not get ready."""
     _, out = run(f"systemctl show {unit} -p ActiveState -p NRestarts")
@@ -120,16 +146,17 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
     result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
     if target.headless and target.group:
         return worker_check(target, release, lambda: True, timeout_s)
-    with forward(host, target.host, target.port) as url:
+    with tunnel(host, target.host, target.port) as t:
         if wait:
-            ready, waited = smoke.wait_healthy(url, timeout_s, alive=lambda: not _unit_crashed(target.unit))
+            ready, waited = smoke.wait_healthy(t.url, timeout_s, alive=lambda: not _unit_crashed(target.unit),
+                                               transport=t.transport)
             if not ready:
                 result.checks.append(smoke.Check("health", False, f"not ready after {waited:.0f} s"))
                 return result
             logger.info(f"[{host.name}] {target.unit} ready after {waited:.1f} s")
-        result.checks = smoke.run_checks(url, target.served_name, api_key)
+        result.checks = smoke.run_checks(t.url, target.served_name, api_key, transport=t.transport)
         if live:
-            result.live = smoke.read_live(url)
+            result.live = smoke.read_live(t.url, api_key=api_key, transport=t.transport)
     return result
 
 
@@ -234,6 +261,8 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
     for inst, r in zip(plan.instances, results, strict=True):
         if r.ok and inst.name in restarted and not Target.of(inst).headless:
             r.checks.append(effective_check(inst))
+            if inst.flags.get("middleware"):
+                _replace(r, guard_check(plan, inst))
     failed = [r for r in results if not r.ok]
     did_change = changed()
     for r in results:

@@ -24,8 +24,9 @@ from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
 
 PROMETHEUS = "/usr/bin/prometheus"
 VLLM_FLEET = str(Path(sys.executable).parent / "vllm-fleet")
-# lab1 listens on every address (with the key, as the plan requires); lab2 keeps the lab's loopback bind
-BOUND = {"lab1": {"flags": {"host": "0.0.0.0"}}}
+# lab1 listens on every address (with the key, as the plan requires) and opens /metrics to Prometheus
+# (the key guard covers every other route); lab2 keeps the lab's loopback bind
+BOUND = {"lab1": {"flags": {"host": "0.0.0.0"}, "open_paths": ["/health", "/metrics"]}}
 
 
 def fleet(*args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
@@ -134,7 +135,7 @@ def test_targets_file_is_scraped_by_a_real_prometheus_with_the_fleet_labels(netw
         target = wait_for(lambda: scraped_target(client, "lab1"), 60,
                           lambda: f"lab1 never up: {client.get('/api/v1/targets').text[-3000:]}\n"
                                   f"{log.read_text()[-2000:]}")
-        # no key in Prometheus' config: vLLM serves /metrics outside its key's guarded prefixes
+        # no key in Prometheus' config: the inventory opened /metrics
         assert target["scrapeUrl"] == f"http://{lab.LabHost(1).address}:8000/metrics"
         assert target["labels"] == {**labels, "job": "vllm"}, target
         running = wait_for(lambda: [s for s in series(client, "vllm:num_requests_running")

@@ -18,6 +18,7 @@ ENV = {"VLLM_API_KEY": "sk-prom-test"}
 
 def cpu_plan(host: str, *instances: dict[str, Any]) -> HostPlan:
     data = {"accelerator": "cpu", "model": {"name": "tiny-llama", "hf_repo": "org/tiny"},
+            "open_paths": ["/health", "/metrics"],
             "instances": list(instances) or [{"name": "default", "flags": {"host": "0.0.0.0"}}]}
     return plan_host(host, parse_host(host, data), HostFacts(), ENV)
 
@@ -98,3 +99,15 @@ def test_write_atomically_replaces_the_file_readable_by_prometheus_and_leaves_no
     assert out.read_text() == "[]\n"
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["vllm.json"]
+
+
+def test_an_instance_with_a_key_whose_metrics_are_not_open_is_left_out_with_why() -> None:
+    data = {"accelerator": "cpu", "model": {"name": "tiny-llama", "hf_repo": "org/tiny"},
+            "instances": [{"name": "shut", "flags": {"host": "0.0.0.0"}},
+                          {"name": "open", "flags": {"host": "0.0.0.0", "port": 8001},
+                           "open_paths": ["/health", "/metrics"]}]}
+    p = plan_host("h", parse_host("h", data), HostFacts(), ENV)
+    groups, left_out = file_sd([(p, "h")])
+    assert [g["labels"]["instance"] for g in groups] == ["open"]
+    assert [(x.instance, x.why) for x in left_out] == [
+        ("shut", '/metrics needs the API key; add "/metrics" to open_paths')]
