@@ -22,7 +22,7 @@ created, which is why the query field is the primary source.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
 QUERY_FIELDS = "index,uuid,name,memory.total,compute_cap,pci.bus_id"
@@ -55,6 +55,9 @@ class Gpu:
     pci_bus_id: str
     # 'Enabled' / 'Disabled' when known; None where MIG does not apply or was not queried.
     mig_mode: str | None = None
+    # the N of /dev/nvidiaN (the driver's device minor); None: not read. Not the index: nvidia-smi
+    # numbers GPUs in PCI bus order, the driver its minors in probe order (see with_minors).
+    minor: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """What `pyinfra ... fact` prints for it (its JSON encoder calls to_json)."""
@@ -375,7 +378,8 @@ def _q_value(line: str) -> str:
 def parse_smi_query(text: str) -> SmiQuery:
     """Driver, CUDA version and GPUs of ``nvidia-smi -q``.
 
-    GPUs are numbered in the order listed (nvidia-smi's own order, the one ``--query-gpu`` index uses).
+    GPUs are numbered in the order listed (nvidia-smi's own order, the one ``--query-gpu`` index uses);
+    ``minor`` is the "Minor Number" shown, which need not be that number.
     Only the GPU's own "FB Memory Usage" total counts, not the "Shared FB Memory Usage" of MIG devices.
     """
     driver = parse_driver_version(text) if _DRIVER.search(text) or _KMD.search(text) else None
@@ -400,10 +404,75 @@ def parse_smi_query(text: str) -> SmiQuery:
         if memory is None:
             raise NvidiaOutputError(f"GPU {bus}: no FB Memory Usage total in -q output")
         cc = _capability(index, name, None)
+        minor = values.get("Minor Number", "")
         gpus.append(
-            Gpu(index, values.get("GPU UUID", ""), name, memory, cc, bus, None if mig in _NA else mig)
+            Gpu(index, values.get("GPU UUID", ""), name, memory, cc, bus, None if mig in _NA else mig,
+                int(minor) if minor.isdigit() else None)
         )
     return SmiQuery(driver, cuda_match[1] if cuda_match else None, gpus)
+
+
+# --- device minor numbers ------------------------------------------------------------------------------
+_Q_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$", re.M)
+_Q_MINOR = re.compile(r"^ {4}Minor Number\s*:\s*(\d+)\s*$", re.M)
+_Q_UUID = re.compile(r"^ {4}GPU UUID\s*:\s*(GPU-\S+)\s*$", re.M)
+_PROC_LINE = re.compile(r"^(GPU UUID|Bus Location|Device Minor)\s*:\s*(\S+)\s*$")
+
+
+def _bus_key(bus_id: str) -> str | None:
+    from fleet.gpuhealth import pci_key  # that module imports this one
+
+    return pci_key(bus_id)
+
+
+def parse_smi_minors(text: str) -> dict[str, int]:
+    """Device minors from ``nvidia-smi -q`` ("Minor Number" under each ``GPU <bus id>``), keyed by PCI key
+    (``fleet.gpuhealth.pci_key``) and by GPU UUID; GPUs showing N/A (as on Windows) are left out."""
+    minors: dict[str, int] = {}
+    parts = _Q_GPU.split(text)
+    for bus, body in zip(parts[1::2], parts[2::2], strict=True):
+        if not (m := _Q_MINOR.search(body)):
+            continue
+        if key := _bus_key(bus):
+            minors[key] = int(m[1])
+        if uuid := _Q_UUID.search(body):
+            minors[uuid[1]] = int(m[1])
+    return minors
+
+
+def parse_proc_minors(text: str) -> dict[str, int]:
+    """Device minors from ``/proc/driver/nvidia/gpus/*/information`` (the files one after another),
+    keyed like ``parse_smi_minors``: each file lists "GPU UUID" and "Bus Location" before "Device Minor"."""
+    minors: dict[str, int] = {}
+    seen: dict[str, str] = {}
+    for line in text.splitlines():
+        if not (m := _PROC_LINE.match(line.strip())):
+            continue
+        if m[1] != "Device Minor":
+            seen[m[1]] = m[2]
+        elif m[2].isdigit():
+            if key := _bus_key(seen.get("Bus Location", "")):
+                minors[key] = int(m[2])
+            if uuid := seen.get("GPU UUID"):
+                minors[uuid] = int(m[2])
+            seen = {}
+    return minors
+
+
+def with_minors(gpus: list[Gpu], *sources: dict[str, int]) -> list[Gpu]:
+    """The GPUs with their device minors, from the first source that knows each by bus id, else UUID.
+
+    Why not the index: ``--query-gpu`` index is nvidia-smi's enumeration (PCI bus order by default),
+    while the kernel driver numbers /dev/nvidiaN as it probes the devices, and a VM or container given
+    some of a host's GPUs sees the host's minors (a real 4x A100 capture shows indexes 0-3 with minors
+    3-6). A GPU no source knows keeps ``minor=None``; the plan refuses it rather than guess.
+    """
+    out = []
+    for g in gpus:
+        keys = [k for k in (_bus_key(g.pci_bus_id), g.uuid) if k]
+        minor = next((s[k] for s in sources for k in keys if k in s), None)
+        out.append(replace(g, minor=minor) if minor is not None else g)
+    return out
 
 
 # --- errors ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ could not tell "no driver" from "not looked at".
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -31,7 +32,10 @@ from fleet.gpus import (
     mig_problem,
     missing_nvidia_smi,
     parse_driver_version,
+    parse_proc_minors,
     parse_query_csv,
+    parse_smi_minors,
+    with_minors,
 )
 
 MARK = "@@fleet"
@@ -41,6 +45,9 @@ FIELD_SETS = (f"{QUERY_FIELDS},{MIG_FIELD}", f"{QUERY_FIELDS_NO_CC},{MIG_FIELD}"
 # Kernel log lines kept per read: an Xid storm repeats one line thousands of times, so each (GPU, Xid)
 # is kept once, first seen first, and a flood of one harmless Xid cannot push a fatal one out.
 XID_LINES = 500
+# Device nodes RDMA needs (NCCL's IB/RoCE transport): uverbs*, rdma_cm; a name is kept only if it is a
+# plain file name, since it ends up in a unit file.
+_DEV_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _FIRST_OF_EACH_XID = ("awk '{k = substr($0, index($0, \"NVRM: Xid\")); sub(/,.*/, \"\", k); "
                       "if (!seen[k]++) print}'")
 
@@ -62,6 +69,18 @@ def _health_sh() -> str:
         f"printf '%s\\n' \"$x\" | {_FIRST_OF_EACH_XID} | tail -n {XID_LINES}; "
         f"echo '{MARK} end xid'; "
     )
+
+
+def _minors_sh(proc_gpus_dir: str) -> str:
+    """Shell printing the driver's /proc file of each GPU: the fallback for device minors when
+    ``nvidia-smi -q`` shows none (a -q that failed or timed out)."""
+    return (f"echo '{MARK} begin gpuinfo'; cat {shlex.quote(proc_gpus_dir)}/*/information 2>/dev/null; "
+            f"echo '{MARK} end gpuinfo'; ")
+
+
+def _rdma_sh(dev_dir: str) -> str:
+    """Shell listing the RDMA device nodes (none on most hosts: the section is then empty)."""
+    return f"echo '{MARK} begin rdma'; ls -1 {shlex.quote(dev_dir)} 2>/dev/null; echo '{MARK} end rdma'; "
 
 
 def _driver_sh(proc_version_path: str, modinfo_command: str) -> str:
@@ -175,11 +194,20 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             "problem": None,  # or NvidiaProblem(kind="version_mismatch", detail="NVML library 550.144")
             "notice": None,  # or NvidiaProblem(kind="old_nvidia_smi", ...): worked around
             "health": HealthReport(gpus={"0000:12:00": GpuHealth(...)}, xids={}, xids_read=True),
+            "rdma_devices": ("rdma_cm", "uverbs0"),
         }
+
+    Each Gpu carries its device ``minor`` (the N of /dev/nvidiaN, which the unit's DeviceAllow= needs and
+    which need not equal the index): from the same ``nvidia-smi -q``, else the driver's
+    ``/proc/driver/nvidia/gpus/<bus>/information``; None when neither shows it. ``rdma_devices`` lists
+    ``/dev/infiniband`` (read here, not in a fact of its own, to keep one command per host): what a
+    cluster node's unit must allow for NCCL to use RDMA instead of TCP.
     """
 
     proc_version_path = NvidiaDriver.proc_version_path
     modinfo_command = NvidiaDriver.modinfo_command
+    proc_gpus_dir = "/proc/driver/nvidia/gpus"
+    rdma_dir = "/dev/infiniband"
 
     @staticmethod
     def default() -> dict[str, Any]:
@@ -191,6 +219,7 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             "problem": None,
             "notice": None,
             "health": None,
+            "rdma_devices": (),
         }
 
     def command(self) -> str:
@@ -203,7 +232,9 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             f"echo '{MARK} begin gpus'; echo \"{MARK} fields $f\"; printf '%s\\n' \"$out\"; "
             f"echo \"{MARK} rc $rc\"; echo '{MARK} end gpus'; "
             + _health_sh()
+            + _minors_sh(self.proc_gpus_dir)
             + "fi; "
+            + _rdma_sh(self.rdma_dir)
             + _driver_sh(self.proc_version_path, self.modinfo_command)
         )
 
@@ -211,6 +242,8 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
         sections = _sections(output)
         result = self.default()
         result["driver"], result["driver_source"] = _driver(sections.get("driver", []))
+        result["rdma_devices"] = tuple(sorted(
+            n for line in sections.get("rdma", []) if _DEV_NAME.fullmatch(n := line.strip())))
         if f"{MARK} no-nvidia-smi" in output:
             # a loaded driver (read from /proc by the driver section) is not "no driver"
             result["problem"] = missing_nvidia_smi(result["driver"], result["driver_source"])
@@ -236,7 +269,8 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
         except ValueError:  # NvidiaOutputError included: not the data asked for
             result["problem"] = NvidiaProblem(SMI_FAILED, _first_line(text))
             return result
-        result["gpus"] = gpus
+        result["gpus"] = with_minors(gpus, parse_smi_minors(_body(sections.get("health", []))),
+                                     parse_proc_minors(_body(sections.get("gpuinfo", []))))
         result["problem"] = mig_problem(gpus)
         if fields and "compute_cap" not in fields:
             result["notice"] = NvidiaProblem(OLD_NVIDIA_SMI, "it rejects the query field compute_cap")

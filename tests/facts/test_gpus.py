@@ -49,6 +49,14 @@ from tests.nvidia_captures import FIXTURES, capture
 # --- nvidia-smi table: driver, CUDA, GPU rows ---------------------------------------------------------
 H100 = "NVIDIA H100 80GB HBM3"
 TABLES = [
+    # the host whose -q shows Minor Numbers 3-6 for these indexes 0-3 (tests/unit/test_gpu_minors.py)
+    (
+        "smi_table/a100-sxm4-80gb-x4-555.42.02-same-host-as-minors-3-to-6.txt",
+        "555.42.02",
+        "12.5",
+        [(i, "NVIDIA A100-SXM4-80GB", 81920, f"00000000:{b}:00.0")
+         for i, b in enumerate(("68", "9E", "C2", "D4"))],
+    ),
     (
         "smi_table/a100-pcie-40gb-x2-555.42.02-cuda12.5.txt",
         "555.42.02",
@@ -656,56 +664,57 @@ def test_smi_list_capture(fixture: str, gpus: list[tuple]) -> None:
 # --- nvidia-smi -q ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("fixture", "driver", "cuda", "gpu"),
+    # minor: each capture's "Minor Number : 0"
     [
         (
             "smi_q/ue-nvidia-geforce-rtx-2080-super-595.71.05-idle.txt",
             "595.71.05",
             "13.2",
-            Gpu(0, ZERO_UUID, "NVIDIA GeForce RTX 2080 SUPER", 8192, (7, 5), "00000000:0C:00.0", None),
+            Gpu(0, ZERO_UUID, "NVIDIA GeForce RTX 2080 SUPER", 8192, (7, 5), "00000000:0C:00.0", None, 0),
         ),
         # R610 prints "Driver Version : 610.57.04 [Deprecated...]" and "KMD Version : 610.57.04".
         (
             "smi_q/ue-nvidia-geforce-rtx-2080-super-610.57.04-idle.txt",
             "610.57.04",
             "13.3",
-            Gpu(0, ZERO_UUID, "NVIDIA GeForce RTX 2080 SUPER", 8192, (7, 5), "00000000:0C:00.0", None),
+            Gpu(0, ZERO_UUID, "NVIDIA GeForce RTX 2080 SUPER", 8192, (7, 5), "00000000:0C:00.0", None, 0),
         ),
         (
             "smi_q/ue-nvidia-geforce-rtx-4080-super-595.71.05-idle.txt",
             "595.71.05",
             "13.2",
-            Gpu(0, ZERO_UUID, "NVIDIA GeForce RTX 4080 SUPER", 16376, (8, 9), "00000000:01:00.0", None),
+            Gpu(0, ZERO_UUID, "NVIDIA GeForce RTX 4080 SUPER", 16376, (8, 9), "00000000:01:00.0", None, 0),
         ),
         (
             "smi_q/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt",
             "590.48.01",
             "13.1",
-            Gpu(0, ZERO_UUID, "NVIDIA H100 80GB HBM3", 81559, (9, 0), "00000000:00:09.0", "Disabled"),
+            Gpu(0, ZERO_UUID, "NVIDIA H100 80GB HBM3", 81559, (9, 0), "00000000:00:09.0", "Disabled", 0),
         ),
         # MIG devices list their own "Shared FB Memory Usage"; the GPU's total is 81559, not 40448.
         (
             "smi_q/ue-nvidia-h100-mig-590.48.01-idle.txt",
             "590.48.01",
             "13.1",
-            Gpu(0, ZERO_UUID, "NVIDIA H100 80GB HBM3", 81559, (9, 0), "00000000:00:09.0", "Enabled"),
+            Gpu(0, ZERO_UUID, "NVIDIA H100 80GB HBM3", 81559, (9, 0), "00000000:00:09.0", "Enabled", 0),
         ),
         (
             "smi_q/ue-nvidia-h200-590.48.01-idle.txt",
             "590.48.01",
             "13.1",
-            Gpu(0, ZERO_UUID, "NVIDIA H200", 143771, (9, 0), "00000000:83:00.0", "Disabled"),
+            Gpu(0, ZERO_UUID, "NVIDIA H200", 143771, (9, 0), "00000000:83:00.0", "Disabled", 0),
         ),
         (
             "smi_q/ue-nvidia-h200-mig-590.48.01-idle.txt",
             "590.48.01",
             "13.1",
-            Gpu(0, ZERO_UUID, "NVIDIA H200", 143771, (9, 0), "00000000:83:00.0", "Enabled"),
+            Gpu(0, ZERO_UUID, "NVIDIA H200", 143771, (9, 0), "00000000:83:00.0", "Enabled", 0),
         ),
         (
             "smi_q/ue-nvidia-l40s-595.80-idle.txt",
             "595.80",
             "13.2",
-            Gpu(0, ZERO_UUID, "NVIDIA L40S", 46068, (8, 9), "00000000:01:00.0", None),
+            Gpu(0, ZERO_UUID, "NVIDIA L40S", 46068, (8, 9), "00000000:01:00.0", None, 0),
         ),
     ],
 )
@@ -1122,6 +1131,7 @@ def test_fact_defaults_and_style() -> None:
             "compute_capability": [9, 0],
             "pci_bus_id": "00000000:00:09.0",
             "mig_mode": "Disabled",
+            "minor": None,
         },
         "580.65.06",
         {"kind": "old_nvidia_smi", "detail": "x", "blocking": False},

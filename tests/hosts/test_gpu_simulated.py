@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,14 @@ MISMATCH = "errors/nvml-mismatch-with-lib-version-550.144.txt"
 H100_Q = "smi_q/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt"
 REMAP_PENDING = "smi_q/h100-x8-550.90.07-ecc-rowremapper-remap-pending-FRAGMENT.txt"
 CUDA = {"lab2": {"accelerator": "cuda", "install_source": "registry"}}
+# The device-minor test: 4x A100 whose nvidia-smi indexes 0-3 are /dev/nvidia3-6 (a real -q fragment; the
+# query CSV is derived from that host's table and -q, see INDEX.md), with the minors permuted as in
+# tests/unit/test_gpu_minors.py (nvidia-smi's PCI bus order vs the driver's probe order).
+A100X4 = "query_csv/a100-sxm4-80gb-x4-555.42.02-DERIVED-from-table-and-q.txt"
+A100X4_Q = "smi_q/a100-sxm4-80gb-x4-555.42.02-minors-3-to-6-FRAGMENT.txt"
+# The -q a capture is replayed with by default: the same machine's, so each GPU has its Minor Number (the
+# plan refuses a GPU whose device minor it cannot read).
+Q_OF = {H100: H100_Q, A100X4: A100X4_Q}
 
 
 def _put(host: str, path: str, content: str, mode: str) -> None:
@@ -46,6 +55,8 @@ def simulated_gpu(deployed):
             q_text: str | None = None) -> None:
         if capture:
             _put("lab2", "/root/capture.txt", (FIXTURES / capture).read_text(), "644")
+            if q_text is None and capture in Q_OF:
+                q_text = (FIXTURES / Q_OF[capture]).read_text()
             env = "FAKE_SMI_CAPTURE=/root/capture.txt"
             if q_text is not None:
                 _put("lab2", "/root/capture-q.txt", q_text, "644")
@@ -135,5 +146,35 @@ def test_a_gpu_with_a_pending_row_remap_is_refused_for_a_new_instance_and_nothin
     assert run.returncode == 0, text[-3000:]
     assert ("lab2: vllm.instances[default].gpus: already deployed here, so not refused: GPU 0 NVIDIA H100 "
             "80GB HBM3") in text
+    for h in ("lab1", "lab2"):
+        assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]
+
+
+def test_plan_uses_device_minors_not_indexes_and_refuses_a_gpu_without_one(simulated_gpu):
+    """The minors come through the real fact command on lab2 (fake nvidia-smi, no /proc/driver/nvidia
+    there); a GPU whose -q shows no Minor Number is refused by host name. Both plans change nothing."""
+    from tests.unit.test_gpu_minors import permuted
+
+    four = {"lab2": {**CUDA["lab2"], "gpus": [1, 3]}}
+    before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in ("lab1", "lab2")}
+    simulated_gpu(capture=A100X4, q_text=permuted())
+    fact = subprocess.run([PYINFRA, "--limit", "lab2", INVENTORY, "fact", "roles.nvidia_facts.NvidiaGpus"],
+                          cwd=ROOT, text=True, capture_output=True, timeout=300)
+    assert fact.returncode == 0, fact.stdout[-3000:] + fact.stderr[-3000:]
+    # each GPU's index, then its minor (pyinfra prints the fact on stderr, Gpu records as JSON objects
+    # or as their repr)
+    pairs = {(int(i), int(m)) for i, m in re.findall(r'index["\'=:\s]+(\d+)\b.*?minor["\'=:\s]+(\d+)',
+                                                     fact.stdout + fact.stderr, re.S)}
+    assert {(0, 5), (1, 3), (2, 6), (3, 4)} <= pairs, (fact.stdout + fact.stderr)[-3000:]
+    run = _plan(four)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+
+    simulated_gpu(capture=A100X4, q_text="".join(ln for ln in permuted().splitlines(keepends=True)
+                                                 if "Minor Number" not in ln))
+    run = _plan(four)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0, text[-3000:]
+    assert ("lab2: vllm.instances[default].gpus: the device minor number (the N of /dev/nvidiaN) of "
+            "GPU 1 ") in text
     for h in ("lab1", "lab2"):
         assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]

@@ -38,7 +38,7 @@ H100_IDLE = "smi_q/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt"
 
 def gpu_of(bus: str, name: str, index: int = 0, cc: tuple[int, int] = (8, 0)) -> Gpu:
     """A GPU named as a fragment shows it; fragments print no UUID or memory, so those are '' and 0."""
-    return Gpu(index, "", name, 0, cc, bus)
+    return Gpu(index, "", name, 0, cc, bus, minor=index)
 
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, override: str | None):
@@ -198,7 +198,7 @@ def a100_host() -> HostFacts:
     UUID, so those are 0 and ''."""
     h100 = parse_smi_query(capture(H100_IDLE)).gpus[0]
     gpus = (gpu_of("00000000:10:1C.0", "NVIDIA A100-SXM4-80GB"), Gpu(1, h100.uuid, h100.name,
-            h100.memory_mib, h100.compute_capability, h100.pci_bus_id))
+            h100.memory_mib, h100.compute_capability, h100.pci_bus_id, minor=1))
     report = HealthReport.parse(capture(A100) + capture(H100_IDLE), capture(A100_XID))
     return HostFacts(gpus=gpus, gpu_health=report)
 

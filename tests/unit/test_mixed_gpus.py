@@ -29,7 +29,8 @@ WHY = ("no CUDA build of vLLM 0.33.0 has kernels for compute capability 7.0 (cu1
 
 def mixed() -> HostFacts:
     listed = parse_smi_list(capture("smi_L/titanv-rtx5880ada-x2-570.86.15.txt"))
-    gpus = tuple(Gpu(g.index, g.uuid, g.name, 0, capability_from_name(g.name) or (0, 0), "") for g in listed)
+    gpus = tuple(Gpu(g.index, g.uuid, g.name, 0, capability_from_name(g.name) or (0, 0), "", minor=g.index)
+                 for g in listed)
     return HostFacts(gpus=gpus, driver=DriverVersion.parse("570.86.15"))
 
 
@@ -104,7 +105,7 @@ def test_gpus_of_two_real_captures_on_one_host() -> None:
     p4 = parse_smi_table(capture("smi_table/tesla-p4-x1-550.135-cuda12.4-TRUNC.txt"))
     h100 = parse_smi_table(capture("smi_table/h100-80gb-hbm3-x4-560.35.05-cuda12.6.txt"))
     rows = [g.to_gpu() for g in p4.gpus] + [g.to_gpu() for g in h100.gpus]
-    gpus = tuple(Gpu(i, f"GPU-{i}", g.name, g.memory_mib, g.compute_capability, g.pci_bus_id)
+    gpus = tuple(Gpu(i, f"GPU-{i}", g.name, g.memory_mib, g.compute_capability, g.pci_bus_id, minor=i)
                  for i, g in enumerate(rows))
     facts = HostFacts(gpus=gpus, driver=p4.driver)
     p = plan(two(2, [3, 4]), facts)
@@ -127,7 +128,7 @@ def test_a_gpu_only_a_newer_driver_supports_is_left_out_with_the_driver_to_insta
     carry their own L4T driver, so this pairing only exercises the rule), on the 570 driver, below cu130's
     minimum. The Ada card deploys; the other GPU waits for a driver."""
     ada = mixed().gpus[1]
-    thor = Gpu(0, "GPU-thor", "NVIDIA Thor", 0, (11, 0), "")
+    thor = Gpu(0, "GPU-thor", "NVIDIA Thor", 0, (11, 0), "", minor=0)
     facts = HostFacts(gpus=(thor, ada), driver=DriverVersion.parse("570.86.15"))
     p = plan({"model": M}, facts)
     assert p.instances[0].gpu_indexes == (1,)
@@ -140,7 +141,7 @@ def test_a_gpu_only_a_newer_driver_supports_is_left_out_with_the_driver_to_insta
 def test_a_pinned_build_leaves_out_what_its_arch_list_lacks() -> None:
     """The same two GPUs on a 580.95.05 driver with `variant: cu129` pinned: cu129 has no 11.0 kernels."""
     ada = mixed().gpus[1]
-    thor = Gpu(0, "GPU-thor", "NVIDIA Thor", 0, (11, 0), "")
+    thor = Gpu(0, "GPU-thor", "NVIDIA Thor", 0, (11, 0), "", minor=0)
     facts = HostFacts(gpus=(thor, ada), driver=DriverVersion.parse("580.95.05"))
     p = plan({"model": M, "variant": "cu129"}, facts)
     assert (p.variant, p.instances[0].gpu_indexes) == ("cu129", (1,))
