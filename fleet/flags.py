@@ -191,6 +191,12 @@ SECRET_FLAGS = {
                "that holds it with api_key_env (default VLLM_API_KEY)",
     "hf_token": "a token is never written into the inventory: name the controller environment variable "
                 "with hf_token_env",
+    # the plan's key guard (fleet/keyguard.py) is the one middleware: another could run outside it
+    "middleware": "set by vllm-fleet (its key guard, for an instance with an API key); open paths "
+                  "without the key with open_paths",
+    # a second server on the port that neither vLLM's key check nor the key guard covers
+    "grpc": "serves vLLM's gRPC frontend, which checks no API key: not offered by vllm-fleet",
+    "grpc_port": "serves vLLM's gRPC frontend, which checks no API key: not offered by vllm-fleet",
 }
 
 

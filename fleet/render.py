@@ -26,9 +26,19 @@ def _to_yaml(value: object) -> str:
 
 def envquote(value: str) -> str:
     """systemd EnvironmentFile quoting: double quotes, with backslash and quote escaped."""
-    if "\n" in value:
-        raise ValueError("a secret value may not contain a newline")
+    if not value.isprintable():
+        raise ValueError("an environment value may not contain a line break or other control character")
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _checked(text: str, what: str) -> str:
+    """Belt and braces behind the inventory's checks (fleet/spec.py): systemd and YAML read a NUL, a
+    carriage return or a form feed as the end of a line, so no rendered file may carry one."""
+    bad = next((c for c in text if not c.isprintable() and c not in "\n\t"), None)
+    if bad is not None:
+        line = text.count("\n", 0, text.index(bad)) + 1
+        raise ValueError(f"{what}: rendered with the control character {bad!r} on line {line}; refused")
+    return text
 
 
 @functools.cache
@@ -50,10 +60,25 @@ def environment() -> jinja2.Environment:
 
 
 def unit(plan: HostPlan, inst: InstancePlan) -> str:
-    return environment().get_template("vllm.service.j2").render(
+    return _checked(environment().get_template("vllm.service.j2").render(
         i=inst, gpu=plan.variant != "cpu", current=CURRENT_LINK, state_dir=STATE_DIR,
         ready_timeout_s=plan.ready_timeout_s,
-    )
+    ), inst.unit)
+
+
+# The unit's lines beside sandbox.j2 that confine it: its devices, writable paths and network.
+_CONFINING = ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ReadWritePaths", "RestrictAddressFamilies",
+              "IPAddressDeny", "IPAddressAllow")
+
+
+def sandbox_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
+    """The instance unit's hardening as `Key=value` lines, in its order, for `systemd-run -p`: read off
+    the rendered unit itself, so a transient vLLM (a bench trial) cannot drift from the real one."""
+    keys = {line.split("=", 1)[0] for line in environment().get_template("sandbox.j2").render().splitlines()
+            if "=" in line}
+    keys.update(_CONFINING)
+    return [line for line in unit(plan, inst).splitlines()
+            if not line.startswith("#") and line.split("=", 1)[0] in keys and "=" in line]
 
 
 def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
@@ -64,20 +89,30 @@ def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
     args = {"i": inst, "w": inst.watchdog, "state_name": STATE_NAME.format(inst.name),
             "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART,
             "show": f"systemctl show {UNIT_STATE} {inst.unit}"}
-    return (env.get_template("vllm-watchdog.service.j2").render(**args),
-            env.get_template("vllm-watchdog.timer.j2").render(**args))
+    return (_checked(env.get_template("vllm-watchdog.service.j2").render(**args), inst.watchdog_units[0]),
+            _checked(env.get_template("vllm-watchdog.timer.j2").render(**args), inst.watchdog_units[1]))
 
 
 def serve_config(plan: HostPlan, inst: InstancePlan) -> str:
-    return environment().get_template("vllm-serve.yaml.j2").render(i=inst, host=plan.host)
+    return _checked(environment().get_template("vllm-serve.yaml.j2").render(i=inst, host=plan.host),
+                    inst.config_path)
 
 
 def haproxy_config(b: lb.Balancer, socket: str) -> str:
-    return environment().get_template("haproxy.cfg.j2").render(
-        lb=b, socket=socket, backend=lb.BACKEND, key_var=lb.KEY_VAR, body=lb.check_body(b.served_name))
+    return _checked(environment().get_template("haproxy.cfg.j2").render(
+        lb=b, socket=socket, backend=lb.BACKEND, key_var=lb.KEY_VAR, body=lb.check_body(b.served_name)),
+        "haproxy.cfg")
 
 
 def env_file(inst: InstancePlan, environ: Mapping[str, str]) -> str:
-    """The one place secret values are read; only ever written to the host's 0600 env file."""
+    """The one place secret values are read; only ever written to the host's 0600 env file, which is
+    never snapshotted (fleet/hoststate.py: a rollback keeps the current keys)."""
     secrets = {host_var: environ[ctl_var] for host_var, ctl_var in inst.secret_env.items()}
-    return environment().get_template("vllm.env.j2").render(i=inst, secrets=secrets)
+    return _checked(environment().get_template("vllm.env.j2").render(i=inst, secrets=secrets), inst.env_path)
+
+
+def environment_file(inst: InstancePlan) -> str:
+    """The instance's non-secret environment. Not in the unit: a 0644 unit and `systemctl show` give
+    every Environment= value to every user, and no name filter tells a proxy URL with a password from
+    a harmless setting."""
+    return _checked(environment().get_template("vllm.environment.j2").render(i=inst), inst.environment_path)

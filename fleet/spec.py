@@ -38,7 +38,36 @@ INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
 
 # Set by the planner; an inventory that sets them would silently undo a derived value.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "VLLM_HOST_IP", "HOME", "HF_HOME",
-                "VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY", "HF_TOKEN"}
+                "VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY", "HF_TOKEN",
+                # the key guard's module path and open paths (fleet/keyguard.py; `open_paths`)
+                "PYTHONPATH", "VLLM_FLEET_OPEN_PATHS"}
+# Paths `open_paths` may answer without the key: none runs the model or changes the server.
+OPENABLE_PATHS = ("/health", "/metrics", "/ping", "/version")
+
+# Switches that open vLLM's admin/dev routes, runtime updates or logging of what clients receive
+# (read in vLLM 0.32's envs.py and entrypoints/): no inventory may turn them on for a served instance.
+UNSAFE_ENV = {
+    "VLLM_SERVER_DEV_MODE": "opens vLLM's development routes (sleep/wake, cache resets, collective_rpc "
+                            "into the workers) to every client of the API",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "lets any client of the API load and unload LoRA adapters from "
+                                        "paths or the hub at runtime",
+    "VLLM_DEBUG_LOG_API_SERVER_RESPONSE": "writes every response the API sends into the journal, which "
+                                          "more people read than the API's clients",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "lets vLLM's internal messages carry pickles, so whoever reaches "
+                                         "its internal sockets can run code as the vllm user",
+    "VLLM_ENABLE_RESPONSES_API_STORE": "keeps every client's Responses API conversation in memory, "
+                                       "readable by response id and never freed",
+    # a frontend outside vLLM's Python app never loads the key guard (fleet/keyguard.py)
+    "VLLM_USE_RUST_FRONTEND": "serves the API through vLLM's Rust frontend, which never loads the key "
+                              "guard, so routes outside vLLM's own key prefixes answer without the key",
+    "VLLM_RUST_FRONTEND_PATH": "runs another binary as vLLM's API frontend, outside the key guard",
+}
+# The vllm user's home (HF cache, compile caches): the one directory it can write (fleet.plan.STATE_DIR).
+VLLM_WRITABLE = "/var/lib/vllm"
+# Environment names that look like credentials (a value in the inventory is in version control).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
+# An inventory host name: it is printed in rendered files (the serve config's comment, a cluster's unit).
+HOST_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.@:+-]{0,252}$"
 
 # Every inventory model: unknown keys refused, values at their own Python type (an int for a float is
 # the one conversion strict mode makes, and it loses nothing).
@@ -86,7 +115,8 @@ class SpecError(ValueError):
 class ModelSpec(BaseModel):
     """Where the weights come from. Exactly one source.
 
-    path: a directory on the controller, staged to /var/lib/vllm/models/<name> (air-gapped friendly).
+    path: a directory on the controller, staged to /opt/vllm/models/<name>/<content digest>, root-owned
+        and read-only to vllm (air-gapped friendly).
     host_path: already on the host. hf_repo: downloaded by vLLM on the host (needs a route to the hub).
     """
 
@@ -107,6 +137,10 @@ class ModelSpec(BaseModel):
             raise ValueError(f"give exactly one of path, host_path, hf_repo (got {given or 'none'})")
         if self.host_path and not self.host_path.startswith("/"):
             raise ValueError("host_path must be absolute")
+        if self.host_path and (os.path.normpath(self.host_path) + "/").startswith(VLLM_WRITABLE + "/"):
+            # root reads it (the host fact, the validator): the vllm user could plant links or code there
+            raise ValueError(f"host_path {self.host_path} is inside {VLLM_WRITABLE}, which the vllm user "
+                             "can write: put the model where only root writes (e.g. /opt/vllm/models/...)")
         return self
 
 
@@ -153,6 +187,8 @@ class InstanceSpec(BaseModel):
     # CPU hosts: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_gib: int = Field(1, ge=1, le=4096)
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
+    # Exact paths answered without the key (fleet/keyguard.py); every other route needs it.
+    open_paths: Seq[str] = Field(default_factory=lambda: ["/health"])
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
 
@@ -163,6 +199,17 @@ class InstanceSpec(BaseModel):
             raise ValueError(f"GPU indexes repeat in {v}")
         return v
 
+    @field_validator("open_paths")
+    @classmethod
+    def _openable(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if p not in OPENABLE_PATHS]
+        if bad:
+            raise ValueError(f"{bad[0]!r} cannot be opened: only {', '.join(OPENABLE_PATHS)} may answer "
+                             "without the key (every other route runs the model or changes the server)")
+        if "/health" not in v:
+            raise ValueError("'/health' must stay open: readiness waits and probes read it without the key")
+        return list(dict.fromkeys(v))
+
     @field_validator("env")
     @classmethod
     def _env_not_secret(cls, v: dict[str, str]) -> dict[str, str]:
@@ -172,13 +219,15 @@ class InstanceSpec(BaseModel):
             if key in RESERVED_ENV:
                 raise ValueError(f"@{key}: set by vllm-fleet itself (from GPUs, model source or secrets); "
                                  "remove it from env")
+            if key in UNSAFE_ENV:
+                raise ValueError(f"@{key}: {UNSAFE_ENV[key]}; remove it from env")
             if re.search(r'["\\%\n\r]', value):
                 raise ValueError(f"@{key}: quotes, backslashes, % and newlines are not allowed in unit "
                                  "environment values")
             if key in _quiet_logging(value):
                 raise ValueError(f"@{key}: {value!r} hides vLLM's INFO start-up lines, which the deploy "
                                  "reads after every restart to prove the settings are in effect; remove it")
-            if re.search(r"KEY|TOKEN|SECRET|PASSWORD", key):
+            if SECRET_NAME.search(key):
                 raise ValueError(
                     f"@{key}: looks like a secret; secrets come from the controller's environment "
                     "(api_key_env / hf_token_env), never from the inventory"
@@ -303,7 +352,7 @@ _EXPECTED = {
     "dict_type": "a dict", "model_type": "a dict", "model_attributes_type": "a dict",
 }
 # A value under such a key may be a secret: its type is named, never the value.
-_SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+_SECRET_KEY = SECRET_NAME
 
 
 def _given(value: Any, secret: bool = False) -> str:
@@ -418,9 +467,55 @@ def problem_lines(host: str, root: str, error: ValidationError, labels: Sequence
     return [f"{host}: {root}{'.' + path if path else ''}: {_joined(msgs)}" for path, msgs in by_path.items()]
 
 
+def _unprintable(value: Any, path: str) -> Iterable[tuple[str, str]]:
+    """(field path, the first character) for every string in the data holding a non-printable one.
+
+    Why every string, keys too: each may reach a rendered file, and systemd reads a NUL or a line break in
+    a unit or env file as the end of a line (`x\\0User=root` ran the unit as root); YAML and comments
+    break the same way. One walk over the raw data covers fields added later, too.
+    """
+    if isinstance(value, str):
+        bad = next((c for c in value if not c.isprintable()), None)
+        if bad is not None:
+            yield path, bad
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            name = k if isinstance(k, str) and k.isprintable() else repr(k)
+            child = f"{path}.{name}" if path else name
+            yield from _unprintable(k, child)  # the key itself: env names are printed too
+            yield from _unprintable(v, child)
+    elif isinstance(value, list | tuple):
+        names = [i.get("name", "default") if isinstance(i, Mapping) else None for i in value]
+        labels = instance_labels(names) if path == "instances" else [str(i) for i in range(len(value))]
+        for label, item in zip(labels, value, strict=True):
+            yield from _unprintable(item, f"{path}[{label}]")
+
+
+def control_problems(host_name: str, root: str, data: Any) -> list[str]:
+    """'host: root.path: ...' for each string with a control character; the value is never echoed."""
+    return [f"{host_name}: {root}{'.' + path if path else ''}: contains the non-printable character "
+            f"{bad!r}: systemd and YAML read such characters as line breaks or ends of values; only "
+            "printable characters are allowed"
+            for path, bad in _unprintable(data, "")]
+
+
+def host_name_problem(host_name: object) -> str | None:
+    """An inventory name is printed into rendered files: only host-name-like ones are allowed."""
+    if isinstance(host_name, str) and re.fullmatch(HOST_NAME, host_name):
+        return None
+    return (f"{host_name!r}: inventory host name: only letters, digits and . _ - @ : + are allowed (at most "
+            "253): the name is written into rendered files, where other characters could start a new line")
+
+
 def parse_host(host_name: str, data: Mapping[str, Any] | None,
                defaults: Mapping[str, Any] | None = None) -> HostSpec:
     """Validate one host's data; raise SpecError with 'host: vllm.field.path: what is wrong' lines."""
+    if (bad_name := host_name_problem(host_name)) is not None:
+        raise SpecError([bad_name])
+    unprintable = (control_problems(host_name, "vllm", data)
+                   + control_problems(host_name, "vllm_defaults", defaults))
+    if unprintable:
+        raise SpecError(unprintable)
     if data is None:
         raise SpecError([f"{host_name}: vllm: missing (not a vLLM host: parse_inventory leaves it out)"])
     if not isinstance(data, Mapping):

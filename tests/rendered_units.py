@@ -26,11 +26,11 @@ from fleet.plan import HostFacts, plan_host
 from fleet.spec import parse_host
 env = {"VLLM_API_KEY": "k"}
 cpu = plan_host("lab1", parse_host("lab1", lab_vllm(1)), HostFacts(), env)
-gpus = tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"0:{i}") for i in range(2))
-g = parse_host("gpu1", {"model": {"name": "m", "host_path": "/var/lib/vllm/models/m"}})
+gpus = tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"0:{i}", minor=i) for i in range(2))
+g = parse_host("gpu1", {"model": {"name": "m", "host_path": "/opt/vllm/models/m"}})
 gpu = plan_host("gpu1", g, HostFacts(gpus=gpus, driver=DriverVersion.parse("580.105.08")), env)
 from fleet.cluster import resolve
-nodes = {n: parse_host(n, {"model": {"name": "m", "host_path": "/var/lib/vllm/models/m"},
+nodes = {n: parse_host(n, {"model": {"name": "m", "host_path": "/opt/vllm/models/m"},
                            "cluster": {"name": "big", "nodes": ["gpu1", "gpu2"], "address": a}})
          for n, a in (("gpu1", "10.0.0.1"), ("gpu2", "10.0.0.2"))}
 role = resolve(nodes, {})["gpu2"]

@@ -26,7 +26,7 @@ M = {"name": "qwen", "path": "/srv/models/qwen"}
 
 def gpu(i: int) -> Gpu:
     return Gpu(index=i, uuid=f"GPU-1111-{i}", name="NVIDIA H100 80GB HBM3", memory_mib=81559,
-               compute_capability=(9, 0), pci_bus_id=f"00000000:{i + 0x18:02X}:00.0")
+               compute_capability=(9, 0), pci_bus_id=f"00000000:{i + 0x18:02X}:00.0", minor=i)
 
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpus: list, override: str | None) -> Any:
@@ -56,7 +56,8 @@ def test_unit_runs_vllm_serve_as_vllm_with_the_env_file() -> None:
     u = render.unit(p, inst)
     assert directive(u, "User") == ["vllm"]
     assert directive(u, "Group") == ["vllm"]
-    assert directive(u, "EnvironmentFile") == ["/etc/vllm/default.env"]
+    # non-secret settings first, the keys last (systemd: a later file wins)
+    assert directive(u, "EnvironmentFile") == ["/etc/vllm/default.environment", "/etc/vllm/default.env"]
     assert directive(u, "ExecStart") == ["/opt/vllm/current/bin/vllm serve --config /etc/vllm/default.yaml"]
     assert directive(u, "TimeoutStartSec") == ["600"]
     assert directive(u, "WorkingDirectory") == ["/var/lib/vllm"]
@@ -76,9 +77,12 @@ def test_timeout_stop_above_the_shutdown_timeout(shutdown: int | None) -> None:
 def test_unit_environment_lines_and_gpu_devices() -> None:
     p = make_plan()
     u = render.unit(p, p.instances[0])
-    assert 'Environment="CUDA_VISIBLE_DEVICES=GPU-1111-0,GPU-1111-1"' in lines_of(u)
-    assert 'Environment="HF_HUB_OFFLINE=1"' in lines_of(u)
-    assert 'Environment="VLLM_HOST_IP=127.0.0.1"' in lines_of(u)
+    # the environment is in a 0600 file, never in the world-readable unit
+    env = lines_of(render.environment_file(p.instances[0]))
+    assert 'CUDA_VISIBLE_DEVICES="GPU-1111-0,GPU-1111-1"' in env
+    assert 'HF_HUB_OFFLINE="1"' in env
+    assert 'VLLM_HOST_IP="127.0.0.1"' in env
+    assert not directive(u, "Environment")
     allow = directive(u, "DeviceAllow")
     assert "/dev/nvidia0 rw" in allow and "/dev/nvidia1 rw" in allow and "/dev/nvidiactl rw" in allow
     assert "/dev/nvidia2 rw" not in allow
@@ -91,7 +95,8 @@ def test_cpu_unit_has_no_gpu_devices() -> None:
     u = render.unit(p, p.instances[0])
     assert directive(u, "DeviceAllow") == []
     assert "PrivateDevices=yes" in lines_of(u)
-    assert 'Environment="VLLM_CPU_KVCACHE_SPACE=1"' in lines_of(u)
+    assert 'VLLM_CPU_KVCACHE_SPACE="1"' in lines_of(render.environment_file(p.instances[0]))
+    assert not directive(u, "Environment")
 
 
 def test_no_secret_value_in_unit_or_yaml() -> None:
@@ -109,7 +114,7 @@ def test_two_instances_get_their_own_paths() -> None:
     p = make_plan(data)
     chat, embed = (render.unit(p, i) for i in p.instances)
     assert directive(chat, "ExecStart") == ["/opt/vllm/current/bin/vllm serve --config /etc/vllm/chat.yaml"]
-    assert directive(embed, "EnvironmentFile") == ["/etc/vllm/embed.env"]
+    assert directive(embed, "EnvironmentFile") == ["/etc/vllm/embed.environment", "/etc/vllm/embed.env"]
     assert "/dev/nvidia1 rw" in directive(embed, "DeviceAllow")
     assert "/dev/nvidia0 rw" not in directive(embed, "DeviceAllow")
 
@@ -130,7 +135,7 @@ def test_env_file_has_the_secrets_quoted() -> None:
     p = make_plan()
     text = render.env_file(p.instances[0], ENV)
     body = [line for line in lines_of(text) if not line.startswith("#")]
-    assert body == [f'HF_TOKEN="{HF}"', f'VLLM_API_KEY="{KEY}"']
+    assert body[-2:] == [f'HF_TOKEN="{HF}"', f'VLLM_API_KEY="{KEY}"']  # secrets last
 
 
 def test_env_file_escapes_quotes_and_backslashes() -> None:
@@ -141,14 +146,16 @@ def test_env_file_escapes_quotes_and_backslashes() -> None:
 
 def test_env_file_refuses_a_newline_in_a_secret() -> None:
     p = make_plan({"model": M, "api_key_env": "FLEET_KEY"})
-    with pytest.raises(ValueError, match="newline"):
+    with pytest.raises(ValueError, match="line break"):
         render.env_file(p.instances[0], {"FLEET_KEY": "abc\nExecStart=/bin/sh"})
 
 
-def test_env_file_without_secrets_is_only_a_comment() -> None:
+def test_the_environment_file_holds_the_environment_and_the_env_file_only_secrets() -> None:
     p = make_plan({"model": M, "api_key_env": None}, environ={})
-    text = render.env_file(p.instances[0], {})
-    assert all(line.startswith("#") for line in lines_of(text))
+    inst = p.instances[0]
+    body = [line for line in lines_of(render.environment_file(inst)) if not line.startswith("#")]
+    assert body == [f'{k}="{v}"' for k, v in sorted(inst.environment.items())]
+    assert [line for line in lines_of(render.env_file(inst, {})) if not line.startswith("#")] == []
 
 
 # --- the serve config -----------------------------------------------------------------------------------
@@ -162,7 +169,7 @@ def test_yaml_round_trips_to_exactly_the_flags() -> None:
     assert loaded == inst.flags
     assert list(loaded) == list(inst.flags)
     # spot-check the literal values that reach vLLM
-    assert loaded["model"] == "/var/lib/vllm/models/qwen"
+    assert loaded["model"].startswith("/opt/vllm/models/qwen/")
     assert loaded["gpu-memory-utilization"] == 0.9
     assert loaded["block-size"] == 16
     assert loaded["no-enable-prefix-caching"] is True
