@@ -8,6 +8,7 @@ roles only apply it, so what `vllm-fleet plan` shows is exactly what a deploy wr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,27 +19,49 @@ from fleet.flags import SHUTDOWN_TIMEOUT_S, render_flags
 from fleet.gpus import Gpu
 from fleet.modelinfo import ModelInfoError, from_config
 from fleet.sizing import estimate, estimate_cpu
-from fleet.spec import HostSpec, InstanceSpec, SpecError
+from fleet.spec import VLLM_WRITABLE, HostSpec, InstanceSpec, SpecError
 from fleet.startup import startup_refusals
 from fleet.variants import unusable_gpus
 from fleet.watchdog import probe_address
 
 RELEASES_DIR = "/opt/vllm/releases"
 CURRENT_LINK = "/opt/vllm/current"
-MODELS_DIR = "/var/lib/vllm/models"
-STATE_DIR = "/var/lib/vllm"
+# Staged models, one directory per content digest: root writes them, the vllm group only reads, so the
+# process a model or an engine bug controls can neither plant a link root would follow nor change the
+# weights a rollback returns to.
+MODELS_DIR = "/opt/vllm/models"
+# The vllm user's own home (HF cache, compile caches): root never acts inside it.
+STATE_DIR = VLLM_WRITABLE
 CONFIG_DIR = "/etc/vllm"
 FLEET_STATE = "/var/lib/vllm-fleet"
 # the stdlib-only scripts from fleet/ that run on hosts (hoststate, the validator, the watchdog)
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
+# fleet/keyguard.py, alone in its directory (the unit's PYTHONPATH, so nothing else becomes importable),
+# loaded by vLLM's --middleware for every instance with a key
+KEYGUARD_DIR = f"{HOST_TOOLS}/asgi"
+KEYGUARD_MODULE = "vllm_fleet_keyguard"
+KEYGUARD = f"{KEYGUARD_MODULE}.KeyGuard"
 # Directories every vLLM host needs: path -> "owner:group:mode" (as `stat -c %U:%G:%a` prints it).
 BASE_DIRS = {
     RELEASES_DIR: "root:root:755",
     CONFIG_DIR: "root:root:755",
     STATE_DIR: "vllm:vllm:750",
-    MODELS_DIR: "vllm:vllm:750",
+    MODELS_DIR: "root:vllm:750",
     FLEET_STATE: "root:root:700",
 }
+
+
+def model_digest(files: list[tuple[str, str]]) -> str:
+    """A staged model's version: (file name, sha256) of each file, so a rollback's config names
+    weights that are still there, unchanged."""
+    h = hashlib.sha256()
+    for name, sha in sorted(files):
+        h.update(f"{name}\0{sha}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def model_version_dir(name: str, digest: str) -> str:
+    return f"{MODELS_DIR}/{name}/{digest}"
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,8 @@ class HostFacts:
     gpu_health: Any = None
     # the host's vllm-*.service units: an instance whose unit exists is already deployed there
     units: frozenset[str] = frozenset()
+    # entries of /dev/infiniband (roles.nvidia_facts.NvidiaGpus "rdma_devices"); empty: no RDMA
+    rdma_devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +137,11 @@ class InstancePlan:
     pipeline_parallel: int = 1
     # None: no probe (turned off, or a node group's worker, which has no API)
     watchdog: Watchdog | None = None
+    # the N of each GPU's /dev/nvidiaN (DeviceAllow=), in gpu_indexes' order: not the index itself
+    gpu_minors: tuple[int, ...] = ()
+    # /dev/infiniband nodes the unit allows (a cluster node's NCCL over RDMA); non-empty also raises
+    # LimitMEMLOCK, since verbs pin their buffers
+    rdma_devices: tuple[str, ...] = ()
 
     @property
     def watchdog_units(self) -> tuple[str, str]:
@@ -122,6 +152,18 @@ class InstancePlan:
     @property
     def api_key_required(self) -> bool:
         return "VLLM_API_KEY" in self.secret_env
+
+    @property
+    def key_guarded(self) -> bool:
+        """The validator must find the key guard loaded: every keyed instance with an API (a node
+        group's headless worker has none, so vLLM parses no middleware there)."""
+        return self.flags.get("middleware") == KEYGUARD
+
+    @property
+    def environment_path(self) -> str:
+        """The unit's non-secret environment, 0600 like the keys (a proxy URL may hold a password) but
+        snapshotted with config and unit, so a rollback restores it; the keys' file never is."""
+        return self.config_path.removesuffix(".yaml") + ".environment"
 
 
 @dataclass(frozen=True)
@@ -278,7 +320,7 @@ def _check_gpu_health(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], facts:
 def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
               model_configs: Mapping[str, Mapping[str, Any]] | None = None,
               choose_variant=None, weight_bytes: Mapping[str, int | None] | None = None,
-              node: NodeRole | None = None) -> HostPlan:
+              node: NodeRole | None = None, model_digests: Mapping[str, str] | None = None) -> HostPlan:
     """Decide everything for one host, or raise SpecError naming host and field.
 
     `model_configs` maps instance name -> the model's config.json (heads for TP, sizes for the memory
@@ -316,11 +358,15 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
 
     taken: set[int] = set()
     instances = []
+    # the deploy hashes what it stages (roles/model.py); a caller that hashes nothing (the unit tests)
+    # gets versions named by the source path
+    digests = model_digests if model_digests is not None else {
+        i.name: model_digest([("path", str(i.model.path))]) for i in spec.instances if i.model.path}
     for inst in spec.instances:
         try:
             instances.append(_plan_instance(host, spec, inst, facts, environ, model_configs.get(inst.name),
                                             taken, warnings, (weight_bytes or {}).get(inst.name), node,
-                                            left_out))
+                                            left_out, digests.get(inst.name)))
         except SpecError as e:
             problems.extend(e.problems)
     if problems:
@@ -393,7 +439,8 @@ def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -
 def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFacts,
                    environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
                    taken: set[int], warnings: list[str], weights: int | None = None,
-                   node: NodeRole | None = None, left_out: Mapping[int, str] | None = None) -> InstancePlan:
+                   node: NodeRole | None = None, left_out: Mapping[int, str] | None = None,
+                   digest: str | None = None) -> InstancePlan:
     where = f"{host}: vllm.instances[{inst.name}]"
     f = inst.flags
     problems = []
@@ -436,6 +483,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         gpus = gpus[:used]
         taken.update(g.index for g in gpus)
         _check_gpu_health(host, inst, gpus, facts, warnings)
+        _check_gpu_minors(host, inst, gpus)
 
     dtype = f.dtype or choose_dtype(spec.accelerator, gpus, facts.cpu_flags)
     staged = inst.model_copy(update={"flags": f.model_copy(update={"pipeline_parallel_size": pp})})
@@ -452,7 +500,10 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     if refusal:
         raise SpecError([refusal])
     if inst.model.path:
-        model_dir, stage_from = f"{MODELS_DIR}/{inst.model.name}", inst.model.path
+        if not digest:
+            raise SpecError([f"{host}: vllm.instances[{inst.name}].model.path: no content digest of "
+                             f"{inst.model.path} (the controller hashes the files it stages)"])
+        model_dir, stage_from = model_version_dir(inst.model.name, digest), inst.model.path
     elif inst.model.host_path:
         model_dir, stage_from = inst.model.host_path, None
     else:
@@ -474,6 +525,10 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     if inst.model.revision:
         updates["extra_args"] = {**f.extra_args, "revision": inst.model.revision}
     flags = render_flags(f.model_copy(update=updates), spec.version, spec.accelerator)
+    # vLLM's own key check skips /invocations and more: the guard covers every route but the open ones
+    guarded = inst.api_key_env is not None and (node is None or node.is_head)
+    if guarded:
+        flags["middleware"] = KEYGUARD
 
     env = {
         "HOME": STATE_DIR,
@@ -504,6 +559,8 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.cpu_kvcache_gib)
     env.update(inst.env)
+    if guarded:
+        env.update(PYTHONPATH=KEYGUARD_DIR, VLLM_FLEET_OPEN_PATHS=",".join(inst.open_paths))
     refused = startup_refusals(host, inst.name, flags, vllm_version=spec.version,
                                accelerator=spec.accelerator, gpus=gpus, model_config=model_config,
                                cpu_flags=facts.cpu_flags, environment=env, ports=facts.ports)
@@ -516,10 +573,38 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         served_name=str(flags["served-model-name"]), model_dir=model_dir, stage_from=stage_from,
         flags=flags, environment=env, secret_env=secret_env, tensor_parallel=tp, dtype=dtype,
         gpu_indexes=tuple(g.index for g in gpus), host=f.host, port=f.port,
+        gpu_minors=tuple(g.minor for g in gpus if g.minor is not None),
+        rdma_devices=rdma_devices(facts, node) if spec.accelerator == "cuda" else (),
         shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else SHUTDOWN_TIMEOUT_S,
         node=node, ip_allow=ip_allow, pipeline_parallel=pp,
         watchdog=watchdog_of(inst, spec.ready_timeout_s, f.host, facts.interfaces, node),
     )
+
+
+def _check_gpu_minors(host: str, inst: InstanceSpec, gpus: Sequence[Gpu]) -> None:
+    """Refuse GPUs whose device minor is unknown: DeviceAllow=/dev/nvidia<index> would open another GPU
+    (or none) wherever the minors are not the indexes, and the unit would fail in CUDA init."""
+    unknown = [g for g in gpus if g.minor is None]
+    if unknown:
+        names = "; ".join(f"{g.label} (PCI {g.pci_bus_id})" for g in unknown)
+        raise SpecError([f"{host}: vllm.instances[{inst.name}].gpus: the device minor number (the N of "
+                         f"/dev/nvidiaN) of {names} could not be read: neither `nvidia-smi -q` (Minor "
+                         "Number) nor /proc/driver/nvidia/gpus/<bus>/information (Device Minor) shows it, "
+                         "and the nvidia-smi index is not a safe guess; check that `nvidia-smi -q` runs on "
+                         "the host"])
+
+
+def rdma_devices(facts: HostFacts, node: NodeRole | None) -> tuple[str, ...]:
+    """The /dev/infiniband nodes a unit allows: only a cluster node's (one host's GPUs talk over NVLink
+    or PCIe, not RDMA), else NCCL finds no verbs device and falls back to TCP sockets.
+
+    uverbs* (verbs) and rdma_cm (connection manager) are what NCCL's IB/RoCE transport opens; umad*/issm*
+    (subnet management) are left out: a serving process has no business sending management packets.
+    """
+    if node is None:
+        return ()
+    return tuple(d for d in facts.rdma_devices
+                 if d == "rdma_cm" or (d.startswith("uverbs") and d[6:].isdigit()))
 
 
 def watchdog_of(inst: InstanceSpec, ready_timeout_s: int, bind: str, interfaces: Mapping[str, str],

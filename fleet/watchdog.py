@@ -144,10 +144,13 @@ def probe(url: str, model: str, api_key: str | None, timeout_s: float) -> tuple[
         return False, f"{type(reason).__name__}"
 
 
-def progress(url: str, timeout_s: float = 5.0) -> float | None:
-    """The engine's prompt + generated token counters from /metrics (no key needed), None if unread."""
+def progress(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> float | None:
+    """The engine's prompt + generated token counters from /metrics (with the key: the key guard opens
+    /metrics only where the inventory says so), None if unread."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with _OPENER.open(f"{url}/metrics", timeout=timeout_s) as resp:
+        with _OPENER.open(urllib.request.Request(f"{url}/metrics", headers=headers),
+                          timeout=timeout_s) as resp:
             values = parse(resp.read(4 << 20).decode("utf-8", "replace"))
     except Exception:  # noqa: BLE001
         return None
@@ -194,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.config) as f:
             address, port, model = serve_target(f.read())
         url = f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
-        before = progress(url)
-        ok, error = probe(url, model or "", os.environ.get("VLLM_API_KEY") or None, a.timeout)
-        after = progress(url) if not ok and before is not None else None
+        key = os.environ.get("VLLM_API_KEY") or None
+        before = progress(url, api_key=key)
+        ok, error = probe(url, model or "", key, a.timeout)
+        after = progress(url, api_key=key) if not ok and before is not None else None
         busy = after - before if after is not None and before is not None else 0.0
     state, note, restart = decide(state, unit, ok, error, time.monotonic(), failures=a.failures,
                                   window_s=a.window, grace_s=a.grace, busy=busy)

@@ -6,9 +6,10 @@ instance's 0600 env file itself (`systemd-run -p EnvironmentFile=`, parsed exact
 and a shell inside it hands VLLM_API_KEY on as OPENAI_API_KEY, which `vllm bench serve` reads. The
 controller needs no key for benching, argv holds only the literal `$VLLM_API_KEY`.
 
-Sweep trials run as transient units of the same release and config on a spare loopback port with
-the one flag overridden (command-line flags win over `--config`), one at a time, stopped afterwards; the
-main unit keeps serving, untouched, and its MainPID is compared before and after.
+Sweep trials run as transient units of the same release and config, in the serving unit's sandbox (a
+trial server is the same untrusted process), on a spare loopback port with the one flag overridden
+(command-line flags win over `--config`), one at a time, stopped afterwards; the main unit keeps
+serving, untouched, and its MainPID is compared before and after.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shlex
 from pyinfra import host, logger
 from pyinfra.operations import python
 
-from fleet import benchmark
+from fleet import benchmark, render
 from fleet.plan import STATE_DIR, HostPlan, InstancePlan
 from roles import remote
 from roles.vllm import Refused, plan_without_secrets, this_host
@@ -33,8 +34,19 @@ _AT_EXIT: list[bool] = []
 
 
 def _env_props(inst: InstancePlan) -> list[str]:
-    return ["-p", f"EnvironmentFile={inst.env_path}",
-            *[a for k, v in sorted(inst.environment.items()) for a in ("-E", f"{k}={v}")]]
+    """The instance's two env files (settings, then keys) hold its whole environment, as its unit
+    reads them: values never go on a command line."""
+    return ["-p", f"EnvironmentFile={inst.environment_path}", "-p", f"EnvironmentFile={inst.env_path}"]
+
+
+def metrics_command(inst: InstancePlan, port: int) -> str:
+    """/metrics of a trial server, with the instance's key when it has one (the key guard covers
+    /metrics unless the inventory opens it): the header reaches curl on stdin, never in an argv."""
+    inner = ('{ [ -n "${VLLM_API_KEY:-}" ] && printf "Authorization: Bearer %s\n" "$VLLM_API_KEY"; } | '
+             f"curl -fsS -H @- http://127.0.0.1:{port}/metrics")
+    return shlex.join(["systemd-run", "--quiet", "--pipe", "--wait", "--collect",
+                       f"--unit=vllm-bench-metrics-{inst.name}", "-p", "User=vllm", "-p", "Group=vllm",
+                       *_env_props(inst), "/bin/sh", "-c", inner])
 
 
 def client_command(plan: HostPlan, inst: InstancePlan, port: int, s: benchmark.BenchSettings,
@@ -55,9 +67,11 @@ def trial_script(plan: HostPlan, inst: InstancePlan, trial: benchmark.Trial, por
     unit = f"vllm-bench-trial-{inst.name}"
     serve = [f"{plan.release_dir}/bin/vllm", "serve", "--config", inst.config_path, "--host", "127.0.0.1",
              "--port", str(port), *trial.flags()]
+    # the serving unit's own sandbox (rendered from it): a trial runs the same release on the same files
+    sandbox = [a for prop in render.sandbox_properties(plan, inst) for a in ("-p", prop)]
     start = shlex.join(["systemd-run", "--quiet", "--collect", f"--unit={unit}", "-p", "User=vllm",
-                        "-p", "Group=vllm", "-p", f"WorkingDirectory={STATE_DIR}", "-p", "PrivateTmp=yes",
-                        "-p", "NoNewPrivileges=yes", *_env_props(inst), *serve])
+                        "-p", "Group=vllm", "-p", f"WorkingDirectory={STATE_DIR}", *sandbox,
+                        *_env_props(inst), *serve])
     return "\n".join([
         f"systemctl stop {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null",
         f"trap 'systemctl stop {unit} 2>/dev/null' EXIT",
@@ -71,7 +85,7 @@ def trial_script(plan: HostPlan, inst: InstancePlan, trial: benchmark.Trial, por
         "echo '## bench'",
         client_command(plan, inst, port, s) + " 2>&1",
         "echo '## metrics'",
-        f"curl -fsS http://127.0.0.1:{port}/metrics | grep '^vllm:num_preemptions' || true",
+        f"{metrics_command(inst, port)} | grep '^vllm:num_preemptions' || true",
     ])
 
 

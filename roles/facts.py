@@ -64,6 +64,21 @@ def _base_ok(lines: list[str]) -> bool:
     return "user-ok" in lines and all(seen.get(path) == want for path, want in BASE_DIRS.items())
 
 
+MANAGED = "# Managed by vllm-fleet"  # templates/vllm.service.j2's first line
+
+
+def _created(state: dict | None, managed: list[str]) -> list[str]:
+    """The vllm units this toolkit created, the only ones a deploy may remove: as the host state records
+    them (hoststate commit, current and previous), else, on a host committed before that record, the
+    units that carry the templates' header. A unit someone else put there (vllm-router.service) is
+    neither."""
+    records = [r for r in ((state or {}).get(k) for k in ("current", "previous")) if isinstance(r, dict)]
+    recorded = [r["created"] for r in records if isinstance(r.get("created"), list)]
+    if not recorded:
+        return sorted(u.strip() for u in managed if u.strip())
+    return sorted({f"vllm-{name}.service" for names in recorded for name in names})
+
+
 class VllmHost(FactBase):
     """
     Returns what is installed under /opt/vllm and what was deployed before:
@@ -80,11 +95,15 @@ class VllmHost(FactBase):
                                                           "UnitFileState": "enabled"}},
             "base_ok": True,
             "state": {...} or None,
+            "created": ["vllm-default.service"],
             "interfaces": {"10.77.1.2": "host0", ...},
             "unprivileged_port_start": 1024,
             "listeners": [{"address": "127.0.0.1", "port": 8000, "process": "vllm", "pid": 378,
                            "unit": "vllm-default.service"}, ...],
         }
+
+    ``created``: the vllm units this toolkit created (see ``_created``), the only ones a deploy removes
+    when their instance leaves the inventory.
 
     ``unprivileged_port_start`` (None: the kernel has no such sysctl) and ``listeners`` (None: ``ss`` is
     missing) tell fleet.startup whether vLLM can bind its port: the unit runs as user vllm without
@@ -102,6 +121,13 @@ class VllmHost(FactBase):
             # and one manifest
             "for u in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-[^@]+[.]service$'); do "
             f"echo \"## unit $u\"; systemctl show \"$u\" {UNIT_PROPERTIES} 2>/dev/null; done; "
+            # the units that carry the templates' header: what this toolkit created, on a host whose
+            # state predates hoststate's record of it
+            "echo '## managed'; "
+            "for u in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-[^@]+[.]service$'); do "
+            f"head -n1 \"/etc/systemd/system/$u\" 2>/dev/null | grep -q {shlex.quote('^' + MANAGED)} && "
+            "echo \"$u\"; "
+            "done; "
             "for t in $(ls -1 /etc/systemd/system/ 2>/dev/null | grep -E '^vllm-watchdog@.+[.]timer$'); do "
             "echo \"## watchdog $t\"; "
             "systemctl show \"$t\" -p ActiveState -p UnitFileState 2>/dev/null; done; "
@@ -155,6 +181,7 @@ class VllmHost(FactBase):
             # True when the vllm user and every base directory are as wanted (nothing to do)
             "base_ok": _base_ok(sections.get("base", [])),
             "state": state,
+            "created": _created(state, sections.get("managed", [])),
             "interfaces": interfaces,
             "ip_filtering": bool(sections.get("cgroup2")),
             "unprivileged_port_start": _int_or_none(sections.get("unprivileged_port_start", [])),

@@ -14,7 +14,17 @@ from pyinfra import host, logger
 from pyinfra.operations import python, server
 
 from fleet import wheels
-from fleet.plan import BASE_DIRS, CURRENT_LINK, HOST_TOOLS, RELEASES_DIR, STATE_DIR, HostPlan
+from fleet.plan import (
+    BASE_DIRS,
+    CURRENT_LINK,
+    FLEET_STATE,
+    HOST_TOOLS,
+    KEYGUARD_DIR,
+    KEYGUARD_MODULE,
+    RELEASES_DIR,
+    STATE_DIR,
+    HostPlan,
+)
 from fleet.variants import install_command
 from roles import remote
 from roles.ops import stale, synced_files
@@ -28,6 +38,8 @@ HOST_PYTHON = "/usr/bin/python3"
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)
 HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py")
+# the key guard vLLM imports (--middleware): alone in its own directory, under its module's name
+KEYGUARD_FILE = (str(FLEET_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
 
 def base(base_ok: bool) -> None:
@@ -52,7 +64,7 @@ def base(base_ok: bool) -> None:
 def tool_files() -> list[tuple[str, str]]:
     """What every host gets besides the release: uv and the host-side scripts."""
     return [(str(wheels.uv_binary()), "/usr/local/bin/uv"),
-            *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS]]
+            *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
 
 
 _RESOLVES = ("import importlib.metadata as m, importlib.util as u, sys; m.distribution('vllm'); "
@@ -167,22 +179,20 @@ def switch(plan: HostPlan, current: str | None):
     if current == plan.release:
         return None
     return server.shell(name=f"switch current -> {plan.release}", commands=[
-        f"ln -sfn releases/{plan.release} {CURRENT_LINK}.new && mv -T {CURRENT_LINK}.new {CURRENT_LINK}"])
+        # under host state's lock (fleet/hoststate.py): never between a rollback's restore and its switch
+        f"flock -w 120 {FLEET_STATE}/lock sh -c "
+        + shlex.quote(f"ln -sfn releases/{plan.release} {CURRENT_LINK}.new.$$ && "
+                      f"mv -T {CURRENT_LINK}.new.$$ {CURRENT_LINK}")])
 
 
-_NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
-
-
-def validate(plan: HostPlan, inst, staged_config: str) -> None:
+def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str) -> None:
     """The new release's own vLLM checks the staged config; a rejection stops this host right here.
-
-    It runs with the unit's environment (not its secrets): vLLM reads settings from it while building its
-    config (VLLM_ENABLE_V1_MULTIPROCESSING decides whether the CPU platform keeps the "uni" executor).
-    HOME and HF_HOME stay root's: root never writes caches into the vllm user's directories."""
-    env = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(inst.environment.items())
-                   if k not in _NOT_FOR_ROOT)
+    It runs with the unit's environment (roles/service.py validator_environment), read from a staged
+    root-only file."""
     server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", commands=[
-        f"env {env} {plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"])
+        f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"
+        + (" --api-key-expected" if inst.key_guarded else "")
+        + f" --environment {staged_environment}"])
 
 
 __all__ = ["base", "release", "switch", "validate", "host"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import shlex
 import time
 from io import BytesIO
@@ -40,6 +42,24 @@ class Secret:
 # rest of /var/lib/vllm-fleet; when it cannot be written the files are simply hashed every time.
 SUMS = "/var/lib/vllm-fleet/sums.json"
 
+# Secret files (every env file: /etc/vllm/<instance>.env, haproxy's) are never hashed on the host: a
+# digest of a key in the fact's output (-vvv, logs) could check a guessed key offline. On upload the
+# controller writes beside each one a root-only marker with HMAC(salt, content) and the file's stat; the
+# salt never leaves the controller. The host reports the marker while the file's stat (ctime cannot be
+# set back) is the one recorded, else "unverified", which never matches, so the file is written again.
+SECRET_SUFFIX = ".env"
+UNVERIFIED = "unverified"
+
+
+def is_secret_path(path: str) -> bool:
+    return path.endswith(SECRET_SUFFIX)
+
+
+def marker_path(path: str) -> str:
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.hmac")
+
+
 _MANIFEST_PY = r"""
 import grp, hashlib, json, os, pwd, stat, sys, time
 path = sys.argv[1]
@@ -58,7 +78,16 @@ for p in sys.argv[2:]:
         continue
     key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     e = sums.get(p)
-    if e and e[:4] == key:
+    if p.endswith(".env"):
+        if sums.pop(p, None) is not None:
+            dirty = True
+        d, n = os.path.split(p)
+        try:
+            m = json.load(open(os.path.join(d, "." + n + ".hmac")))
+        except (OSError, ValueError):
+            m = None
+        sha = m[4] if isinstance(m, list) and len(m) == 5 and m[:4] == key else "unverified"
+    elif e and e[:4] == key:
         sha = e[4]
     else:
         h = hashlib.sha256()
@@ -88,11 +117,12 @@ if dirty:
 
 class Manifest(FactBase):
     """
-    Returns sha256, owner, group and mode of many files in one remote command:
+    Returns sha256, owner, group and mode of many files in one remote command; for a secret file
+    (is_secret_path) its marker's HMAC instead, or "unverified", never a digest of the file:
 
     .. code:: python
 
-        {"/var/lib/vllm/models/tiny/config.json": ("9f2c…", "vllm", "vllm", "640"), "/missing": None}
+        {"/opt/vllm/models/tiny/1f0c…/config.json": ("9f2c…", "root", "vllm", "640"), "/missing": None}
     """
 
     def command(self, paths: tuple[str, ...]) -> str:
@@ -121,6 +151,44 @@ def prefetch(groups: list[tuple[str, ...]]) -> None:
         _MANIFESTS[(host.name, g)] = {p: found.get(p) for p in g}
 
 
+SALT = CACHE_DIR / "secret-salt"
+
+
+@functools.cache
+def _salt() -> bytes:
+    """The controller's HMAC key for secret files: made once, 0600, never sent anywhere. A controller
+    without it (a new one) writes every secret file once more, then matches again."""
+    with contextlib.suppress(FileExistsError):
+        SALT.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(SALT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return bytes.fromhex(SALT.read_text().strip())
+
+
+def secret_digest(src: str | bytes | Secret) -> str:
+    """What a secret file's marker holds: useless for checking a guessed key without the salt."""
+    return "hmac-sha256:" + hmac.new(_salt(), _bytes(src), hashlib.sha256).hexdigest()
+
+
+_MARKER_PY = r"""
+import json, os, sys
+p, digest = sys.argv[1:3]
+st = os.stat(p)
+d, n = os.path.split(p)
+m = os.path.join(d, "." + n + ".hmac")
+fd = os.open(m + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+with os.fdopen(fd, "w") as f:
+    json.dump([st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest], f)
+os.replace(m + ".tmp", m)
+"""
+
+
+def marker_command(dest: str, src: str | bytes | Secret) -> str:
+    """Root writes the marker of a secret file just put in place (the HMAC in argv reveals nothing)."""
+    return shlex.join(["python3", "-c", _MARKER_PY, dest, secret_digest(src)])
+
+
 def _mode(mode: str) -> str:
     return mode.lstrip("0") or "0"
 
@@ -135,7 +203,8 @@ def stale(files: list[tuple[str | bytes | Secret, str]], user: str, group: str, 
     have = _MANIFESTS[key]
     out = []
     for src, dest in files:
-        if have.get(dest) != (sha256(src), user, group, _mode(mode)):
+        digest = secret_digest(src) if is_secret_path(dest) else sha256(src)
+        if have.get(dest) != (digest, user, group, _mode(mode)):
             out.append((src, dest))
     return out
 
@@ -208,7 +277,8 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
 
     .. code:: python
 
-        synced_files(name="model files", files=[("/models/tiny/config.json", "/var/lib/vllm/models/…")])
+        synced_files(name="model files",
+                     files=[("/models/tiny/config.json", "/opt/vllm/models/tiny/1f0c…/config.json")])
     """
     todo = stale(files, user, group, mode, paths=paths)
     if not todo:
@@ -233,3 +303,5 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
             into_staging = ""
         yield (f"{into_staging}chown {user}:{group} {staged} && chmod {mode} {staged} && "
                f"mv -f {staged} {shlex.quote(dest)}")
+        if is_secret_path(dest):
+            yield marker_command(dest, src)

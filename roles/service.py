@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 
@@ -10,14 +11,24 @@ from pyinfra.operations import files, server, systemd
 
 from fleet import render
 from fleet.plan import HostPlan, InstancePlan
-from roles.ops import Secret, stale, synced_files
+from roles.ops import Secret, marker_path, stale, synced_files
 
 STAGED = "/var/lib/vllm-fleet/staged"
+# vLLM reads its config's settings from these, but as root they would put caches into vllm's home
+_NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
+
+
+def validator_environment(inst: InstancePlan) -> dict[str, str]:
+    """The unit's environment without secrets and without the vllm user's home: vLLM reads settings
+    from it while building its config (VLLM_ENABLE_V1_MULTIPROCESSING decides whether the CPU
+    platform keeps the "uni" executor); HOME and HF_HOME stay root's."""
+    return {k: v for k, v in inst.environment.items() if k not in _NOT_FOR_ROOT}
 
 
 def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
-    return (inst.config_path, inst.env_path, f"/etc/systemd/system/{inst.unit}", f"{STAGED}/{inst.name}.yaml",
+    return (inst.config_path, inst.env_path, inst.environment_path, f"/etc/systemd/system/{inst.unit}",
+            f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json",
             *(f"/etc/systemd/system/{u}" for u in inst.watchdog_units))
 
 
@@ -29,17 +40,24 @@ def restart_command(unit: str) -> str:
 
 def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> bool:
     """Put the rendered config aside for validation when the live one, the unit or the release would
-    change; True then (the caller validates). The unit counts because its environment is part of what
-    vLLM builds its config from. The staged copy is refreshed whenever it differs, so a validation
-    never reads an older config."""
+    change; True then (the caller validates). The env file counts because the environment it holds is
+    part of what vLLM builds its config from. The staged copy is refreshed whenever it differs, so a
+    validation never reads an older config."""
     content = render.serve_config(plan, inst).encode()
     unit = render.unit(plan, inst).encode()
+    env = Secret(render.env_file(inst, os.environ))
+    environment = render.environment_file(inst).encode()
     paths = instance_paths(inst)
     if not (stale([(content, inst.config_path)], "root", "root", "644", paths)
             or stale([(unit, f"/etc/systemd/system/{inst.unit}")], "root", "root", "644", paths)
+            or stale([(env, inst.env_path)], "root", "root", "600", paths)
+            or stale([(environment, inst.environment_path)], "root", "root", "600", paths)
             or release_changing):
         return False
-    staged = [(content, f"{STAGED}/{inst.name}.yaml")]
+    # the validator's environment as a file, so no value reaches root's argv
+    staged = [(content, f"{STAGED}/{inst.name}.yaml"),
+              (json.dumps(validator_environment(inst), sort_keys=True).encode(),
+               f"{STAGED}/{inst.name}.environment.json")]
     if stale(staged, "root", "root", "600", paths):
         synced_files(name=f"staged config {inst.name}", files=staged, mode="600", paths=paths)
     return True
@@ -55,7 +73,9 @@ def remove(unit: str, watchdogs: Mapping[str, Mapping[str, str]]) -> list:
                                service=unit, running=False, enabled=False))
     first = len(ops)
     for path in (f"/etc/systemd/system/{unit}", f"/etc/vllm/{name}.yaml", f"/etc/vllm/{name}.env",
-                 f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.yaml.at-default"):
+                 f"/etc/vllm/{name}.environment", marker_path(f"/etc/vllm/{name}.env"),
+                 f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.environment.json",
+                 f"{STAGED}/{name}.yaml.at-default"):
         ops.append(files.file(name=f"remove {path}", path=path, present=False))
     systemd.daemon_reload(name="systemd daemon-reload (instance removed)", _if=ops[first].did_change)
     return ops
@@ -108,7 +128,8 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     get_fact would be a second remote command), so a converged host costs two remote commands.
     """
     config = [(render.serve_config(plan, inst).encode(), inst.config_path)]
-    env = [(Secret(render.env_file(inst, os.environ)), inst.env_path)]
+    env = [(Secret(render.env_file(inst, os.environ)), inst.env_path),
+           (render.environment_file(inst).encode(), inst.environment_path)]
     unit = [(render.unit(plan, inst).encode(), f"/etc/systemd/system/{inst.unit}")]
     paths = instance_paths(inst)
     stale_config = bool(stale(config, "root", "root", "644", paths))
@@ -117,7 +138,8 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     if stale_config:
         synced_files(name=f"serve config {inst.config_path}", files=config, paths=paths)
     if stale_env:
-        synced_files(name=f"env file {inst.env_path} (0600)", files=env, mode="600", paths=paths)
+        synced_files(name=f"env files {inst.environment_path}, {inst.env_path} (0600)", files=env, mode="600",
+                     paths=paths)
     if stale_unit:
         synced_files(name=f"unit {inst.unit}", files=unit, paths=paths)
         server.shell(name="systemd daemon-reload", commands=["systemctl daemon-reload"])

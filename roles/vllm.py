@@ -62,10 +62,12 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
     return _SPECS
 
 
-def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None]]:
-    """config.json and weight size of each model (TP rule, memory preflight): staged models read on the
-    controller, host_path models on the host; hub models are sized by vLLM itself when it starts."""
-    configs, weights = {}, {}
+def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None],
+                                          dict[str, str]]:
+    """config.json and weight size of each model (TP rule, memory preflight), and a staged model's
+    content digest (its host directory): staged models read on the controller, host_path models on the
+    host; hub models are sized by vLLM itself when it starts."""
+    configs, weights, digests = {}, {}, {}
     for inst in spec.instances:
         if inst.model.path:
             cfg = Path(inst.model.path) / "config.json"
@@ -74,27 +76,30 @@ def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, i
                               f".model.path: {cfg} does not exist on the controller")
             configs[inst.name] = json.loads(cfg.read_text())
             weights[inst.name] = weight_bytes_from_dir(inst.model.path)
+            digests[inst.name] = model.digest(inst.model.path)
         elif inst.model.host_path:
             found = host.get_fact(HostModel, path=inst.model.host_path)
             if found.get("config"):
                 configs[inst.name] = found["config"]
                 weights[inst.name] = found.get("weight_bytes")
-    return configs, weights
+    return configs, weights, digests
 
 
 def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
     vh = host.get_fact(VllmHost)
     gpus: tuple = ()
+    rdma: tuple = ()
     driver = problem = health = None
     if spec.accelerator == "cuda":
         from roles.nvidia_facts import NvidiaGpus
 
         nv = host.get_fact(NvidiaGpus)
         gpus, driver, problem, health = tuple(nv["gpus"]), nv["driver"], nv["problem"], nv.get("health")
+        rdma = tuple(nv.get("rdma_devices", ()))
     return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
                      cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh["interfaces"],
                      ip_filtering=vh["ip_filtering"], ports=HostPorts.from_fact(vh),
-                     gpu_health=health, units=frozenset(vh.get("units", ()))), vh
+                     gpu_health=health, units=frozenset(vh.get("units", ())), rdma_devices=rdma), vh
 
 
 def this_host(check_secrets: bool = True) -> HostSpec | None:
@@ -127,9 +132,9 @@ def plan_this_host(spec: HostSpec | None = None) -> tuple[HostPlan, dict[str, An
 
 def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str]) -> HostPlan:
     """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused."""
-    configs, weights = _model_facts(spec)
+    configs, weights, digests = _model_facts(spec)
     return plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
-                     node=_NODES.get(host.name))
+                     node=_NODES.get(host.name), model_digests=digests)
 
 
 def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
@@ -168,7 +173,8 @@ def deploy_vllm() -> None:
     for inst in plan.instances:
         model_changed[inst.name] = model.stage(inst)
         if service.stage_config(plan, inst, release_changing):
-            install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml")
+            install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml",
+                             f"{service.STAGED}/{inst.name}.environment.json")
     install.switch(plan, vh["current"])
     for b, _ in lb.fronting(host.name):  # a load balancer that cannot drain us is refused up front
         problem = remote.login_problem_of(lb.balancer_host(b))
@@ -187,7 +193,12 @@ def deploy_vllm() -> None:
     for inst in plan.instances:
         service.watchdog(inst, vh["watchdogs"])
     wanted = {inst.unit for inst in plan.instances}
-    removed = [unit for unit in vh["units"] if unit not in wanted]
+    # only units this toolkit created: another vllm-*.service (someone's vllm-router) is not ours to delete
+    created = set(vh.get("created", ()))
+    removed = [unit for unit in vh["units"] if unit not in wanted and unit in created]
+    for unit in sorted(set(vh["units"]) - wanted - created):
+        logger.info(f"[{host.name}] leaving {unit} alone: not in the inventory, and this host's state does "
+                    "not say vllm-fleet created it")
     for unit in removed:
         service.remove(unit, vh["watchdogs"])
     # a watchdog whose instance is gone already (a rolled-back new instance, say)

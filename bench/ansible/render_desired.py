@@ -24,6 +24,7 @@ if len(plan.instances) != 1:
 inst = plan.instances[0]
 (files / f"{inst.name}.yaml").write_text(render.serve_config(plan, inst))
 (files / inst.unit).write_text(render.unit(plan, inst))
+(files / f"{inst.name}.environment").write_text(render.environment_file(inst))
 # our own template, each secret replaced by a lookup Ansible fills from the controller's environment
 (files / f"{inst.name}.env.j2").write_text(render.env_file(
     inst, {ctl: f"{{{{ lookup('ansible.builtin.env', '{ctl}') }}}}" for ctl in inst.secret_env.values()}))
@@ -41,6 +42,7 @@ for path, own in BASE_DIRS.items():
     "state_dir": STATE_DIR, "base_dirs": dirs, "tools": tools, "release": plan.release,
     "release_dir": plan.release_dir, "current_link": CURRENT_LINK, "model_src": inst.stage_from,
     "model_dir": inst.model_dir, "config_path": inst.config_path, "env_path": inst.env_path,
+    "environment_path": inst.environment_path,
     "staged_path": f"{STAGED}/{inst.name}.yaml", "ready_timeout_s": plan.ready_timeout_s,
     "base_url": f"http://127.0.0.1:{inst.port}",
 }, sort_keys=False))

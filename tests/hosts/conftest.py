@@ -99,7 +99,8 @@ def unit_props(host: str, unit: str = "vllm-default.service") -> dict[str, str]:
 
 def host_files_digest(host: str) -> str:
     """Hashes of everything a deploy writes, to prove a refused deploy changed nothing."""
-    return on(host, "find /etc/vllm /etc/systemd/system /opt/vllm /var/lib/vllm -maxdepth 3 "
+    return on(host, "find /etc/vllm /etc/systemd/system /opt/vllm /var/lib/vllm /opt/vllm/models/*/* "
+                    "-maxdepth 3 "
                     "\\( -type f -o -type l \\) -not -path '*/releases/*' 2>/dev/null | sort | "
                     "xargs -r sha256sum; readlink /opt/vllm/current")
 

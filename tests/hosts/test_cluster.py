@@ -66,8 +66,9 @@ def test_two_hosts_serve_one_model_through_the_head(deployed):
         # the lab runs on cgroup v1, where systemd cannot enforce it: the deploy says so
         assert "no cgroup v2 here, so systemd cannot enforce the unit's IPAddressAllow=" in run.output
         assert "Restart=always" in unit
-        env = on("lab2", "systemctl show vllm-default -p Environment")
-        assert "VLLM_HOST_IP=10.77.2.2" in env and "GLOO_SOCKET_IFNAME=host0" in env
+        # the environment is in the 0600 file the unit names, not in the unit
+        env = on("lab2", "cat /etc/vllm/default.environment").splitlines()
+        assert 'VLLM_HOST_IP="10.77.2.2"' in env and 'GLOO_SOCKET_IFNAME="host0"' in env
 
         # a rerun changes nothing and restarts neither node
         pids = {h: unit_props(h)["MainPID"] for h in NODES}
@@ -86,8 +87,9 @@ def test_two_hosts_serve_one_model_through_the_head(deployed):
         notes = {r["host"]: r["note"] for r in broken.smoke}
         assert notes["lab2"] == "rolled back with head lab1", broken.smoke
         for h in NODES:
-            assert "eth9" not in on(h, "systemctl show vllm-default -p Environment")
-        assert "GLOO_SOCKET_IFNAME=host0" in on("lab2", "systemctl show vllm-default -p Environment")
+            # the rollback restored the environment file (snapshotted with config and unit)
+            assert "eth9" not in on(h, "cat /etc/vllm/default.environment")
+        assert 'GLOO_SOCKET_IFNAME="host0"' in on("lab2", "cat /etc/vllm/default.environment").splitlines()
         status = deploy("deploys/smoke.py", overrides=CLUSTER, limit=PAIR)
         assert status.rc == 0 and all(r["ok"] for r in status.smoke), status.output[-4000:]
 

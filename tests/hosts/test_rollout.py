@@ -85,7 +85,7 @@ def test_good_change_goes_canary_then_waves_and_never_more_than_one_host_down(th
 def test_failure_on_the_second_host_stops_the_rollout_and_leaves_the_third_untouched(three_hosts):
     third = unit_props("lab3")
     proc = rollout("--canary", "1", "--wave", "1", overrides={
-        "lab2": {"model": {"path": None, "host_path": "/var/lib/vllm/models/not-there"}}})
+        "lab2": {"model": {"path": None, "host_path": "/opt/vllm/models/not-there"}}})
     print(proc.stdout)
     assert proc.returncode != 0
     assert "rollout STOPPED at wave 2" in proc.stdout
@@ -95,7 +95,7 @@ def test_failure_on_the_second_host_stops_the_rollout_and_leaves_the_third_untou
     assert rows["lab2"][2:4] == ["rolled", "back"]
     assert rows["lab3"][2] == "untouched"
     assert unit_props("lab3") == third  # same MainPID, never restarted
-    assert "/var/lib/vllm/models/tiny-llama" in on("lab2", "cat /etc/vllm/default.yaml")
+    assert "/opt/vllm/models/tiny-llama/" in on("lab2", "cat /etc/vllm/default.yaml")
 
 
 def test_an_unreachable_host_stops_the_rollout_naming_it(three_hosts):
@@ -216,7 +216,7 @@ def test_a_restart_lets_a_streaming_request_finish(balanced):
 
 def test_a_host_whose_change_fails_stays_drained_until_a_deploy_passes(balanced):
     bad = {**BEHIND, "lab2": {"flags": {"host": "0.0.0.0"},
-                              "model": {"path": None, "host_path": "/var/lib/vllm/models/not-there"}}}
+                              "model": {"path": None, "host_path": "/opt/vllm/models/not-there"}}}
     run = deploy(overrides=bad, limit="lab2")
     assert run.rc != 0 and "lab2: change failed and was rolled back" in run.output, run.output[-3000:]
     assert "drained in lab7" in run.output

@@ -71,7 +71,7 @@ def test_a_context_longer_than_the_model_is_refused_before_restart(baseline):
 def test_missing_model_on_one_host_rolls_back_by_itself(baseline):
     good = state("lab2")["current"]
     run = deploy(overrides={"lab2": {"model": {"path": None,
-                                               "host_path": "/var/lib/vllm/models/not-there"}}})
+                                               "host_path": "/opt/vllm/models/not-there"}}})
     assert run.rc != 0
     assert "lab2: change failed and was rolled back to 0.32.0-cpu (serving again, rollback took " \
         in run.output
@@ -79,7 +79,7 @@ def test_missing_model_on_one_host_rolls_back_by_itself(baseline):
     assert "not-there" in run.output  # vLLM's own complaint, from the journal
     lab2 = [r for r in run.smoke if r["host"] == "lab2"]
     assert lab2 and all(r["ok"] and r["note"] == "rolled back to 0.32.0-cpu" for r in lab2)
-    assert "/var/lib/vllm/models/tiny-llama" in on("lab2", "cat /etc/vllm/default.yaml")
+    assert "/opt/vllm/models/tiny-llama/" in on("lab2", "cat /etc/vllm/default.yaml")
     status, body = api_get("lab2", "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny-llama"
     assert state("lab2")["current"]["files"] == good["files"]

@@ -25,7 +25,7 @@ HEADS = {"num_attention_heads": 128, "num_key_value_heads": 8, "num_hidden_layer
 
 def gpus(n: int) -> tuple[Gpu, ...]:
     return tuple(Gpu(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", memory_mib=81559,
-                     compute_capability=(9, 0), pci_bus_id=f"0:{i}") for i in range(n))
+                     compute_capability=(9, 0), pci_bus_id=f"0:{i}", minor=i) for i in range(n))
 
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, override: str | None):
@@ -134,6 +134,9 @@ def test_pipeline_split_is_one_stage_per_node_and_tp_over_its_gpus() -> None:
     assert (head.tensor_parallel, head.pipeline_parallel) == (8, 2)
     assert head.flags["nnodes"] == 2 and head.flags["node-rank"] == 0 and "headless" not in head.flags
     assert worker.flags["node-rank"] == 1 and worker.flags["headless"] is True
+    # the head's API is guarded by the key; the headless worker has no API, so its validation expects no
+    # guard (vLLM parses no middleware there)
+    assert head.key_guarded and not worker.key_guarded and "middleware" not in worker.flags
     assert worker.flags["master-addr"] == "10.1.0.11" and worker.flags["master-port"] == 29501
     assert worker.flags["distributed-executor-backend"] == "mp"
     assert worker.environment["VLLM_HOST_IP"] == "10.1.0.12"
@@ -196,7 +199,8 @@ def test_rendered_worker_config_and_unit() -> None:
     unit = render.unit(plan, inst)
     assert "Restart=always" in unit and "IPAddressDeny=any" in unit
     assert "IPAddressAllow=localhost 10.1.0.11 10.1.0.12" in unit
-    assert 'Environment="VLLM_HOST_IP=10.1.0.12"' in unit
+    env = render.environment_file(inst)
+    assert 'VLLM_HOST_IP="10.1.0.12"' in env.splitlines()  # the 0600 environment file, not the unit
     solo = plan_host("solo", parse_host("solo", {"model": M}), HostFacts(gpus=gpus(1)), ENV,
                      choose_variant=fake_variant)
     solo_unit = render.unit(solo, solo.instances[0])

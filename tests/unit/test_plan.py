@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from fleet.gpus import Gpu
-from fleet.plan import HostFacts, HostPlan, choose_dtype, choose_tensor_parallel, plan_host
+from fleet.plan import (
+    HostFacts,
+    HostPlan,
+    choose_dtype,
+    choose_tensor_parallel,
+    model_digest,
+    model_version_dir,
+    plan_host,
+)
 from fleet.spec import SpecError, parse_host
 
 HOST = "gpu-07"
@@ -19,7 +27,7 @@ M = {"name": "qwen", "path": "/srv/models/qwen"}
 
 def gpu(i: int, cc: tuple[int, int] = (8, 0), uuid: str | None = None) -> Gpu:
     return Gpu(index=i, uuid=f"GPU-0000-{i}" if uuid is None else uuid, name="NVIDIA A100-SXM4-80GB",
-               memory_mib=81920, compute_capability=cc, pci_bus_id=f"00000000:{i + 7:02X}:00.0")
+               memory_mib=81920, compute_capability=cc, pci_bus_id=f"00000000:{i + 7:02X}:00.0", minor=i)
 
 
 def gpus(n: int, cc: tuple[int, int] = (8, 0)) -> tuple[Gpu, ...]:
@@ -32,10 +40,12 @@ def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, ov
 
 
 def plan(data: dict, facts: HostFacts | None = None, environ: dict | None = None,
-         configs: dict | None = None, choose_variant: Any = fake_variant) -> HostPlan:
+         configs: dict | None = None, choose_variant: Any = fake_variant,
+         model_digests: dict | None = None) -> HostPlan:
     spec = parse_host(HOST, data)
     return plan_host(HOST, spec, facts if facts is not None else HostFacts(gpus=gpus(1)),
-                     ENV if environ is None else environ, configs, choose_variant=choose_variant)
+                     ENV if environ is None else environ, configs, choose_variant=choose_variant,
+                     model_digests=model_digests)
 
 
 def refused(*args: Any, **kw: Any) -> list[str]:
@@ -305,7 +315,7 @@ def test_cuda_host_flags_and_environment() -> None:
     p = plan({"model": M}, HostFacts(gpus=gpus(2)), configs=heads(32, 8))
     inst = p.instances[0]
     assert inst.flags == {
-        "model": "/var/lib/vllm/models/qwen",
+        "model": model_version_dir("qwen", model_digest([("path", "/srv/models/qwen")])),
         "served-model-name": "qwen",
         "dtype": "bfloat16",
         "no-trust-remote-code": True,
@@ -318,6 +328,7 @@ def test_cuda_host_flags_and_environment() -> None:
         "host": "127.0.0.1",
         "port": 8000,
         "shutdown-timeout": 30,
+        "middleware": "vllm_fleet_keyguard.KeyGuard",
     }
     assert inst.environment == {
         "HOME": "/var/lib/vllm",
@@ -327,14 +338,30 @@ def test_cuda_host_flags_and_environment() -> None:
         "VLLM_HOST_IP": "127.0.0.1",
         "HF_HUB_OFFLINE": "1",
         "CUDA_VISIBLE_DEVICES": "GPU-0000-0,GPU-0000-1",
+        "PYTHONPATH": "/usr/local/lib/vllm-fleet/asgi",
+        "VLLM_FLEET_OPEN_PATHS": "/health",
     }
     assert (inst.config_path, inst.env_path, inst.unit) == (
         "/etc/vllm/default.yaml", "/etc/vllm/default.env", "vllm-default.service")
     assert (inst.model_dir, inst.stage_from, inst.served_name) == (
-        "/var/lib/vllm/models/qwen", "/srv/models/qwen", "qwen")
+        inst.flags["model"], "/srv/models/qwen", "qwen")
     assert inst.shutdown_timeout == 30
     assert (p.variant, p.release, p.release_dir) == (
         "cu130", "0.32.0-cu130", "/opt/vllm/releases/0.32.0-cu130")
+
+
+def test_a_staged_model_lives_in_a_directory_named_by_its_content() -> None:
+    """Versions side by side under root's /opt/vllm/models: a change of weights gets a new directory,
+    so the config a rollback restores still names the old weights, unchanged."""
+    one = [("config.json", "a" * 64), ("model.safetensors", "b" * 64)]
+    two = [("config.json", "a" * 64), ("model.safetensors", "c" * 64)]
+    assert model_digest(one) == model_digest(list(reversed(one))) != model_digest(two)
+    d1, d2 = (plan({"model": M}, HostFacts(gpus=gpus(1)), configs=heads(32, 8),
+                   model_digests={"default": model_digest(f)}).instances[0] for f in (one, two))
+    assert d1.model_dir == f"/opt/vllm/models/qwen/{model_digest(one)}" == d1.flags["model"]
+    assert d2.model_dir == f"/opt/vllm/models/qwen/{model_digest(two)}"
+    with pytest.raises(SpecError, match=r"gpu-07: vllm.instances\[default\].model.path: no content digest"):
+        plan({"model": M}, HostFacts(gpus=gpus(1)), configs=heads(32, 8), model_digests={})
 
 
 def test_explicit_block_size_kept_on_cuda() -> None:

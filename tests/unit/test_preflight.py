@@ -8,6 +8,7 @@ variant chosen from the real table. Models are the published configs of tests/fi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,12 @@ def cfg(name: str) -> tuple[dict, int]:
 
 def host(fixture: str) -> HostFacts:
     table = parse_smi_table(capture(fixture))
-    return HostFacts(gpus=tuple(g.to_gpu() for g in table.gpus), driver=table.driver)
+    # the table shows no device minor; these tests are not about device nodes
+    return HostFacts(gpus=tuple(replace(g.to_gpu(), minor=g.index) for g in table.gpus), driver=table.driver)
 
 
 def h100(n: int) -> tuple[Gpu, ...]:
-    return tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"00000000:{i:02X}:00.0")
+    return tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"00000000:{i:02X}:00.0", minor=i)
                  for i in range(n))
 
 

@@ -1,6 +1,7 @@
 """The VllmHost fact: one remote command that also carries each vllm unit's systemd state, so a
 converged host needs no per-unit `systemctl show`. The sample below is this fact's output captured on
-a lab host (lab1, a real systemd host) serving one instance, trimmed to the sections that matter."""
+a lab host (lab1, a real systemd host) serving one instance, trimmed to the sections that matter; its
+models line is the /opt/vllm/models layout's (the capture predates it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ user-ok
 root:root:755 /opt/vllm/releases
 root:root:755 /etc/vllm
 vllm:vllm:750 /var/lib/vllm
-vllm:vllm:750 /var/lib/vllm/models
+root:vllm:750 /opt/vllm/models
 root:root:700 /var/lib/vllm-fleet
 ## unit vllm-chat.service
 MainPID=0
@@ -53,6 +54,10 @@ def test_each_unit_gets_its_own_state_and_the_rest_of_the_fact_is_unchanged():
     assert found["state"]["current"]["instances"] == ["default"]
     assert found["interfaces"] == {"10.77.1.2": "host0"}
     assert found["base_ok"] is True
+    # a host deployed before models moved to root-owned /opt/vllm/models gets its directories again
+    old = VllmHost().process(CAPTURED_LAB1.replace("root:vllm:750 /opt/vllm/models",
+                                                   "vllm:vllm:750 /var/lib/vllm/models").splitlines())
+    assert old["base_ok"] is False
 
 
 def test_the_command_is_valid_shell_and_a_host_without_units_has_no_states():
@@ -149,3 +154,42 @@ def test_the_command_reads_the_ports_here() -> None:
     found = VllmHost().process(out.stdout.splitlines())
     assert isinstance(found["unprivileged_port_start"], int)
     assert found["listeners"] is None or all(isinstance(li["port"], int) for li in found["listeners"])
+
+
+# --- which units this toolkit created: the only ones a deploy removes ------------------------------------
+
+UNITS = """\
+## unit vllm-default.service
+ActiveState=active
+## unit vllm-router.service
+ActiveState=active
+## managed
+vllm-default.service
+## state
+"""
+
+
+def test_created_units_are_those_the_host_state_records():
+    state = '{"current": {"created": ["default", "second"]}, "previous": {"created": ["old"]}}'
+    found = VllmHost().process((UNITS + state).splitlines())
+    assert found["units"] == ["vllm-default.service", "vllm-router.service"]
+    assert found["created"] == ["vllm-default.service", "vllm-old.service", "vllm-second.service"]
+
+
+def test_a_state_from_before_the_record_falls_back_to_the_header():
+    found = VllmHost().process((UNITS + '{"current": {"instances": ["default"]}}').splitlines())
+    assert found["created"] == ["vllm-default.service"]
+    assert VllmHost().process(UNITS.splitlines())["created"] == ["vllm-default.service"]  # no state
+    assert VllmHost().process(CAPTURED_LAB1.splitlines())["created"] == []  # an older fact: nothing
+
+
+def test_the_command_lists_only_units_whose_first_line_is_the_header(tmp_path):
+    (tmp_path / "vllm-default.service").write_text("# Managed by vllm-fleet: edits here are overwritten.\n")
+    (tmp_path / "vllm-router.service").write_text("[Unit]\n# Managed by vllm-fleet\n")
+    (tmp_path / "vllm-watchdog@default.service").write_text("# Managed by vllm-fleet\n")
+    command = VllmHost().command().replace("/etc/systemd/system", str(tmp_path))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    found = VllmHost().process(out.stdout.splitlines())
+    assert found["units"] == ["vllm-default.service", "vllm-router.service"]
+    assert found["created"] == ["vllm-default.service"]
