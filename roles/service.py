@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import files, python, server, systemd
 
 from fleet import render
+from fleet.cluster import NodeRole
 from fleet.plan import HostPlan, InstancePlan
 from roles.ops import Secret, marker_path, stale, synced_files
 
@@ -135,6 +137,7 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     stale_config = bool(stale(config, "root", "root", "644", paths))
     stale_env = bool(stale(env, "root", "root", "600", paths))
     stale_unit = bool(stale(unit, "root", "root", "644", paths))
+    changed = stale_config or stale_env or stale_unit or release_or_model_changed
     if stale_config:
         synced_files(name=f"serve config {inst.config_path}", files=config, paths=paths)
     if stale_env:
@@ -145,7 +148,6 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
         server.shell(name="systemd daemon-reload", commands=["systemctl daemon-reload"])
     if state.get("UnitFileState") != "enabled":
         server.shell(name=f"enable {inst.unit}", commands=[f"systemctl enable {inst.unit}"])
-    changed = stale_config or stale_env or stale_unit or release_or_model_changed
     if changed or state.get("ActiveState") != "active":
         before_restart()  # a load balancer drains the host first (roles/lb.py)
         server.shell(name=f"restart {inst.unit}" + (" (changed)" if changed else " (was not running)"),
@@ -164,3 +166,26 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
 # node group (NodeRole.store) -> some node's files changed in this run; read when the operations
 # execute, after every host has been collected.
 CLUSTER_CHANGED: dict[str, bool] = {}
+
+
+def group_barrier(node: NodeRole, changed: bool) -> None:
+    """Before a node switches, writes or restarts anything: every node of its group must have staged and
+    validated. Without it a head restarted into the group while a worker had failed its validation,
+    and waited out its ready timeout for a peer that never came. Only where this node changes, or
+    another node's change would restart it."""
+    group = node.store
+    python.call(name=f"every node of cluster {node.cluster} passed its checks", function=group_intact,
+                nodes=node.nodes, cluster=node.cluster,
+                **({} if changed else {"_if": lambda: CLUSTER_CHANGED.get(group, False)}))
+
+
+def group_intact(state: Any, host: Any, nodes: tuple[str, ...], cluster: str) -> bool:
+    """pyinfra runs each operation on every host before the next, so when this runs every node of the
+    group has been through its own checks: a node that failed them fails this one too."""
+    failed = sorted(h.name for h in state.failed_hosts if h.name in nodes and h.name != host.name)
+    if failed:
+        host.log_styled(f"not changed: node(s) {', '.join(failed)} of cluster {cluster} failed before the "
+                        "restart, so the group cannot form on the new config", fg="red",
+                        log_func=logger.error)
+        return False
+    return True

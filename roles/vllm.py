@@ -169,12 +169,17 @@ def deploy_vllm() -> None:
     install.base(vh["base_ok"])
     built = install.release(plan, vh["releases"])
     release_changing = vh["current"] != plan.release
-    model_changed = {}
+    model_changed, pending = {}, []
     for inst in plan.instances:
         model_changed[inst.name] = model.stage(inst)
-        if service.stage_config(plan, inst, release_changing):
+        staged = service.stage_config(plan, inst, release_changing)
+        if staged:
             install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml",
                              f"{service.STAGED}/{inst.name}.environment.json")
+        pending.append(staged or model_changed[inst.name])
+    node = _NODES.get(host.name)
+    if node is not None:
+        service.group_barrier(node, changed=any(pending) or built is not None)
     install.switch(plan, vh["current"])
     for b, _ in lb.fronting(host.name):  # a load balancer that cannot drain us is refused up front
         problem = remote.login_problem_of(lb.balancer_host(b))
@@ -210,7 +215,6 @@ def deploy_vllm() -> None:
     if orphans:
         server.shell(name="systemd daemon-reload (watchdog removed)", commands=["systemctl daemon-reload"])
     did_change = any(changed) or bool(removed) or built is not None
-    node = _NODES.get(host.name)
     verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
               had_state=bool(vh["state"]),
               restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from fleet.lab_inventory import lab_cluster_vllm
-from tests.hosts.conftest import deploy, on, unit_props
+from tests.hosts.conftest import deploy, host_files_digest, on, unit_props
 
 NODES = ["lab1", "lab2"]
 CLUSTER = {"__replace__": {name: lab_cluster_vllm(i, NODES) for i, name in enumerate(NODES)}}
@@ -103,3 +103,23 @@ def test_two_hosts_serve_one_model_through_the_head(deployed):
     assert back.rc == 0, back.output[-4000:]
     assert all(r["ok"] for r in back.smoke)
     assert "nnodes" not in on("lab2", "cat /etc/vllm/default.yaml")
+
+
+def test_a_worker_that_fails_its_checks_keeps_the_head_from_restarting(deployed):
+    """Fault played on lab2: its release's serve module is moved away (a broken install on one node), so
+    vLLM's own validation of the worker config fails there. The head must not switch, write or restart
+    into a group its worker will never join (before the barrier it restarted and waited out its ready
+    timeout): both nodes keep serving alone, untouched."""
+    serve = "/opt/vllm/current/lib/python3.11/site-packages/vllm/entrypoints/cli/serve.py"
+    before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in NODES}
+    on("lab2", f"mv {serve} {serve}.away")
+    try:
+        run = deploy(overrides=CLUSTER, limit=PAIR)
+    finally:
+        on("lab2", f"mv {serve}.away {serve}")
+    assert run.rc != 0, run.output[-4000:]
+    assert "not changed: node(s) lab2 of cluster pair failed before the restart" in run.output, \
+        run.output[-4000:]
+    for h in NODES:
+        assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h], h
+        assert "nnodes" not in on(h, "cat /etc/vllm/default.yaml")

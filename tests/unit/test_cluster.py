@@ -214,3 +214,23 @@ def test_cluster_nodes_share_a_wave() -> None:
     plan = keep_groups_together(waves(hosts, canary=1, wave="1"), {"b": "big", "d": "big"})
     assert plan == [["a"], ["b", "d"], ["c"], ["e"]]
     assert keep_groups_together([["a", "b"]], {}) == [["a", "b"]]
+
+
+def test_a_node_whose_peer_failed_its_checks_changes_nothing() -> None:
+    """The barrier before a node group's switch and restart (roles/service.py group_barrier): pyinfra's
+    state after the validate operation ran on every node. A failed worker fails the head (no restart
+    into a group that cannot form); a failure outside the group, or none, lets the node go on."""
+    from roles.service import group_intact
+
+    logged: list[str] = []
+
+    def node(name: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, log_styled=lambda text, **_: logged.append(text))
+
+    head, worker, other = node("gpu-a"), node("gpu-b"), node("db-1")
+    nodes = ("gpu-a", "gpu-b")
+    assert group_intact(SimpleNamespace(failed_hosts=set()), head, nodes, "pair")
+    assert group_intact(SimpleNamespace(failed_hosts=[other]), head, nodes, "pair")
+    assert not group_intact(SimpleNamespace(failed_hosts=[worker]), head, nodes, "pair")
+    assert logged == ["not changed: node(s) gpu-b of cluster pair failed before the restart, so the group "
+                      "cannot form on the new config"]
