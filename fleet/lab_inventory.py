@@ -17,7 +17,13 @@ def lab_vllm(index: int) -> dict[str, Any]:
 
     OMP_WAIT_POLICY=PASSIVE because the lab's servers share two cores: OpenMP threads that spin while
     idle (the default) stalled concurrent 4-token completions on two lab hosts to 0.2-0.47 s, against
-    0.013-0.047 s passive (curl on each host at once). A CPU host with its own cores keeps the default."""
+    0.013-0.047 s passive (curl on each host at once). A CPU host with its own cores keeps the default.
+
+    float16, not the planner's bfloat16: with bfloat16 on a CPU that reports AMX, vLLM's CPU attention
+    takes its AMX kernel, and on the VMs this lab runs on that kernel died with SIGILL on the first
+    request of a new engine, for stretches of a day and not others (faulthandler: "Illegal instruction"
+    in cpu_attention_with_kv_cache; the same release served float16 and float32 on the same host, and
+    oneDNN's own AMX matmul ran). float16 takes the vector kernel on every x86 CPU."""
     return {
         "accelerator": "cpu",
         "ready_timeout_s": 420,
@@ -25,6 +31,7 @@ def lab_vllm(index: int) -> dict[str, Any]:
         "flags": {
             "max_model_len": 512,
             "max_num_seqs": 8,
+            "dtype": "float16",
             "enforce_eager": True,
             "host": "127.0.0.1",
             "distributed_executor_backend": "uni",

@@ -97,7 +97,7 @@ def test_memory_preflight_matches_what_vllm_logged_on_the_lab_host(deployed):
 
     spec = lab_vllm(1)
     est = estimate_cpu(load(TINY_MODEL), spec["flags"]["max_model_len"], spec["flags"]["max_num_seqs"],
-                       spec["cpu_kvcache_gib"], "bfloat16")
+                       spec["cpu_kvcache_gib"], spec["flags"]["dtype"])
     journal = on("lab1", "journalctl -u vllm-default --no-pager -o cat | grep 'CPU KV cache size' | tail -1")
     logged = int(re.search(r"CPU KV cache size: ([\d,]+) tokens", journal).group(1).replace(",", ""))
     print(f"preflight: {est.kv_capacity_tokens:,} tokens; vLLM logged: {logged:,} tokens")
