@@ -21,7 +21,13 @@ def _vllm(name: str, data: dict) -> dict:
         return {"vllm": _replace[name]}
     if "vllm" not in data:
         return {}
-    return {"vllm": deep_merge(data["vllm"], _over.get(name, {}))}
+    over = _over.get(name, {})
+    merged = deep_merge(data["vllm"], over)
+    if merged.get("accelerator") == "cuda" and "dtype" not in over.get("flags", {}):
+        # the lab's float16 works around the CPU build's AMX attention kernel (fleet.lab_inventory); a
+        # host simulating a GPU plans like a fleet's, with the dtype its compute capability picks
+        merged["flags"] = {k: v for k, v in merged["flags"].items() if k != "dtype"}
+    return {"vllm": merged}
 
 
 lab = [(name, {**{k: v for k, v in data.items() if k != "vllm"}, **_hostdata.get(name, {}),
