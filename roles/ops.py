@@ -13,8 +13,10 @@ import shlex
 import time
 from io import BytesIO
 
-from pyinfra import host
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FileUploadCommand, operation
+from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
 
 from fleet.lab import CACHE_DIR
 from roles import remote
@@ -36,10 +38,11 @@ class Secret:
 
 
 # A cache of the hosts' own checksums, keyed by each file's size, mtime, ctime and inode: a file whose
-# stat is unchanged is not read again (a 140 GB model, the 38 MB uv, on every rerun). ctime cannot be set
-# back, so a file changed since (even with its mtime restored) is hashed again; files changed in the last
-# two seconds are not cached (a write in the same clock tick would keep the ctime). Root-only, like the
-# rest of /var/lib/vllm-fleet; when it cannot be written the files are simply hashed every time.
+# stat is unchanged is not read again (a 140 GB model, the 38 MB uv, on every rerun). The Manifest fact
+# only reads it (facts never write, --dry changes nothing); synced_files records each file it puts in
+# place, with the checksum of the content it just wrote. ctime cannot be set back, so a file changed
+# since (even with its mtime restored) is hashed again, and a file nobody recorded (restored by a
+# rollback, changed by hand) is simply hashed every time. Root-only, like the rest of /var/lib/vllm-fleet.
 SUMS = "/var/lib/vllm-fleet/sums.json"
 
 # Secret files (every env file: /etc/vllm/<instance>.env, haproxy's) are never hashed on the host: a
@@ -61,13 +64,11 @@ def marker_path(path: str) -> str:
 
 
 _MANIFEST_PY = r"""
-import grp, hashlib, json, os, pwd, stat, sys, time
-path = sys.argv[1]
+import grp, hashlib, json, os, pwd, stat, sys
 try:
-    sums = json.load(open(path))
+    sums = json.load(open(sys.argv[1]))
 except (OSError, ValueError):
     sums = {}
-dirty = False
 for p in sys.argv[2:]:
     try:
         st = os.stat(p)
@@ -79,15 +80,13 @@ for p in sys.argv[2:]:
     key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     e = sums.get(p)
     if p.endswith(".env"):
-        if sums.pop(p, None) is not None:
-            dirty = True
         d, n = os.path.split(p)
         try:
             m = json.load(open(os.path.join(d, "." + n + ".hmac")))
         except (OSError, ValueError):
             m = None
         sha = m[4] if isinstance(m, list) and len(m) == 5 and m[:4] == key else "unverified"
-    elif e and e[:4] == key:
+    elif isinstance(e, list) and e[:4] == key:
         sha = e[4]
     else:
         h = hashlib.sha256()
@@ -95,9 +94,6 @@ for p in sys.argv[2:]:
             for b in iter(lambda: f.read(1 << 20), b""):
                 h.update(b)
         sha = h.hexdigest()
-        if st.st_ctime < time.time() - 2:
-            sums[p] = key + [sha]
-            dirty = True
     def name(get, i):
         try:
             return get(i)[0]
@@ -105,20 +101,38 @@ for p in sys.argv[2:]:
             return str(i)
     mode = format(st.st_mode & 0o7777, "o")
     print(sha, name(pwd.getpwuid, st.st_uid), name(grp.getgrgid, st.st_gid), mode, p)
-if dirty:
-    try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(sums, f)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass
 """
+
+# Run by synced_files right after it renamed files into place: each (path, checksum of what was written)
+# is recorded under the file's stat; entries of files that are gone, and any secret file's, are dropped.
+_RECORD_PY = r"""
+import json, os, sys
+path, args = sys.argv[1], sys.argv[2:]
+try:
+    sums = json.load(open(path))
+except (OSError, ValueError):
+    sums = {}
+sums = {p: e for p, e in sums.items() if isinstance(e, list) and not p.endswith(".env") and os.path.exists(p)}
+for p, sha in zip(args[::2], args[1::2]):
+    st = os.stat(p)
+    sums[p] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, sha]
+os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+with open(path + ".tmp", "w") as f:
+    json.dump(sums, f)
+os.replace(path + ".tmp", path)
+"""
+
+
+def record_command(written: list[tuple[str, str]]) -> str:
+    """Root records the checksums of files just put in place, so the next Manifest reads no content."""
+    return shlex.join(["python3", "-c", _RECORD_PY, SUMS, *(x for pair in written for x in pair)])
 
 
 class Manifest(FactBase):
     """
     Returns sha256, owner, group and mode of many files in one remote command; for a secret file
-    (is_secret_path) its marker's HMAC instead, or "unverified", never a digest of the file:
+    (is_secret_path) its marker's HMAC instead, or "unverified", never a digest of the file. Reads the
+    checksums synced_files recorded, writes nothing:
 
     .. code:: python
 
@@ -259,6 +273,43 @@ def _bytes(src: str | bytes | Secret) -> bytes:
         return f.read()
 
 
+DIFF_MAX = 1 << 20  # a larger file (weights, uv) is named, not shown
+
+
+def _text(src: str | bytes | Secret) -> list[str] | None:
+    """The content's lines, or None for binary or large content."""
+    if isinstance(src, str) and os.path.getsize(src) > DIFF_MAX:
+        return None
+    data = _bytes(src)
+    if len(data) > DIFF_MAX or b"\0" in data:
+        return None
+    try:
+        return data.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+
+
+def show_diff(src: str | bytes | Secret, dest: str, mode: str) -> None:
+    """What --diff prints for a file synced_files will write, like files.put does: the unified diff of
+    the host's copy against the new content. A secret or any 0600 file (the environment files, staged
+    copies) only says that it changes: its values are the operator's, not the log's."""
+    if is_secret_path(dest) or isinstance(src, Secret):
+        host.log(f"Will write {dest}: changed (secret, not shown)", logger.info)
+        return
+    if _mode(mode).endswith("00"):
+        host.log(f"Will write {dest}: changed (mode {mode}, not shown)", logger.info)
+        return
+    desired = _text(src)
+    if desired is None:
+        host.log(f"Will write {dest}: binary or large file, not shown", logger.info)
+        return
+    current = host.get_fact(FileContents, path=dest)
+    host.log(f"Will {'modify' if current is not None else 'create'} {dest}", logger.info)
+    for line in generate_color_diff([ln + "\n" for ln in current or []], desired):
+        logger.info("  %s", line)
+    logger.info("")
+
+
 @operation()
 def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "root", group: str = "root",
                  mode: str = "644", staging_dir: str = "/etc/vllm/.staging",
@@ -269,9 +320,10 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
 
     Files get owner and mode in a root-only 0700 staging directory, then are renamed into place: no
     reader ever sees a half-written file or a secret with the wrong mode, and unlike ``files.put``
-    nothing of the content is printed (``--diff``). A root login uploads straight into the staging
+    nothing of a secret's content is printed. A root login uploads straight into the staging
     directory; any other login (SFTP writes as the login, never through sudo) uploads into its own
-    0700 directory (roles/remote.py), from which root moves the file into staging.
+    0700 directory (roles/remote.py), from which root moves the file into staging. ``--diff`` shows
+    each text file's change (show_diff), never a secret's.
 
     **Example:**
 
@@ -284,6 +336,9 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
     if not todo:
         host.noop(f"{len(files)} files up to date")
         return
+    if state.config.DIFF:
+        for src, dest in todo:
+            show_diff(src, dest, mode)
     drop = remote.upload_dir()
     dirs = sorted({dest.rsplit("/", 1)[0] for _, dest in todo})
     yield f"install -d -m 0700 -o root -g root {staging_dir} && mkdir -p {' '.join(map(shlex.quote, dirs))}"
@@ -305,3 +360,6 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
                f"mv -f {staged} {shlex.quote(dest)}")
         if is_secret_path(dest):
             yield marker_command(dest, src)
+    written = [(dest, sha256(src)) for src, dest in todo if not is_secret_path(dest)]
+    if written:
+        yield record_command(written)

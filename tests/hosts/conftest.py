@@ -49,7 +49,7 @@ class Run:
 
 def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
            env: dict | None = None, unset: tuple[str, ...] = (), extra: tuple[str, ...] = (),
-           limit: str | None = None, timeout: int = 1500) -> Run:
+           limit: str | None = None, timeout: int = 1500, yes: bool = True) -> Run:
     e = {**os.environ, **(env or {})}
     for k in unset:
         e.pop(k, None)
@@ -58,9 +58,10 @@ def deploy(deploy_file: str = "deploys/vllm.py", overrides: dict | None = None,
         smoke_json = tf.name
     Path(smoke_json).unlink()
     e["VLLM_FLEET_SMOKE_JSON"] = smoke_json
-    cmd = [PYINFRA, "-y", *extra, INVENTORY, *deploy_file.split()]  # "a.py b.py": two deploys, one run
+    # "a.py b.py": two deploys, one run; without -y pyinfra detects and prints the changes (and diffs)
+    cmd = [PYINFRA, *(["-y"] if yes else []), *extra, INVENTORY, *deploy_file.split()]
     if limit:  # "lab1,lab2": pyinfra takes one --limit per pattern
-        cmd[2:2] = [arg for name in limit.split(",") for arg in ("--limit", name)]
+        cmd[1:1] = [arg for name in limit.split(",") for arg in ("--limit", name)]
     proc = subprocess.run(cmd, cwd=ROOT, env=e, text=True, capture_output=True, timeout=timeout)
     smoke = json.loads(Path(smoke_json).read_text()) if Path(smoke_json).exists() else []
     Path(smoke_json).unlink(missing_ok=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 from tests.hosts.conftest import api_get, deploy, host_files_digest, on, unit_props
 
@@ -35,6 +37,25 @@ def test_rerun_changes_nothing_and_restarts_nothing(deployed, lab_hosts):
         assert after[h]["MainPID"] == before[h]["MainPID"]
         assert after[h]["ActiveEnterTimestampMonotonic"] == before[h]["ActiveEnterTimestampMonotonic"]
     assert all(r["ok"] for r in run.smoke)
+
+
+def test_dry_diff_shows_the_config_change_hides_the_key_and_changes_nothing(deployed, lab_hosts):
+    host = "lab1"  # the deploy's sudo login: the host's copy is read through sudo, as the upload writes it
+    owned = ("find /var/lib/vllm-fleet -type f | sort | xargs -r sha256sum; "
+             "stat -c '%n %s %Y' /var/lib/vllm-fleet/*")
+    before = (host_files_digest(host), on(host, owned), unit_props(host))
+    old_key = on(host, "cat /etc/vllm/default.env")
+    new_key = "sk-diff-" + os.urandom(8).hex()
+    run = deploy(overrides={host: {"flags": {"max_num_seqs": 4}}}, extra=("--dry", "--diff"), limit=host,
+                 env={"VLLM_API_KEY": new_key}, yes=False)  # -y would skip change detection
+    assert run.rc == 0, run.output[-4000:]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", run.output)
+    assert re.search(r"^\s*- max-num-seqs: 8$", text, re.M), text[-4000:]
+    assert re.search(r"^\s*\+ max-num-seqs: 4$", text, re.M), text[-4000:]
+    assert "/etc/vllm/default.env: changed (secret, not shown)" in text
+    assert new_key not in text
+    assert all(line not in text for line in old_key.splitlines() if "KEY" in line)
+    assert (host_files_digest(host), on(host, owned), unit_props(host)) == before  # --dry wrote nothing
 
 
 def test_missing_api_key_is_refused_before_any_host_is_touched(deployed, lab_hosts):

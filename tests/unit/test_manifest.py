@@ -36,23 +36,45 @@ def test_hashes_owner_and_mode_like_sha256sum_and_stat(tmp_path: Path) -> None:
     assert got[str(tmp_path / "missing")] == ["-", "-", "-", "-"]
 
 
-def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path: Path) -> None:
-    sums, f = tmp_path / "sums.json", tmp_path / "model.safetensors"
+def record(sums: Path, *pairs: tuple[Path, str]) -> None:
+    """synced_files' record command, as root runs it on the host after renaming files into place."""
+    from roles.ops import _RECORD_PY
+
+    subprocess.run([sys.executable, "-c", _RECORD_PY, str(sums), *(str(x) for p in pairs for x in p)],
+                   check=True)
+
+
+def test_the_fact_writes_nothing_and_reads_what_the_upload_recorded(tmp_path: Path) -> None:
+    sums, f = tmp_path / "state" / "sums.json", tmp_path / "model.safetensors"
     f.write_bytes(b"weights v1")
-    young = manifest(sums, f)
-    assert not sums.exists()  # changed under 2 s ago: not cached
-    aged(f)
-    assert manifest(sums, f) == young and sums.exists()
-    # prove the cache is what answers: a planted checksum comes back while the stat is unchanged
-    cache = json.loads(sums.read_text())
-    cache[str(f)][4] = "planted"
-    sums.write_text(json.dumps(cache))
+    first = manifest(sums, f)
+    assert not sums.exists()  # a fact never writes, so --dry changes nothing on the host
+    record(sums, (f, hashlib.sha256(b"weights v1").hexdigest()))
+    assert manifest(sums, f) == first
+    # prove the record is what answers: a planted checksum comes back while the stat is unchanged
+    record(sums, (f, "planted"))
     assert manifest(sums, f)[str(f)][0] == "planted"
     # same size, mtime put back: the ctime moved, so the file is read again
     st = os.stat(f)
+    time.sleep(0.05)  # past the file system's timestamp granularity
     f.write_bytes(b"weights v2")
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert manifest(sums, f)[str(f)][0] == hashlib.sha256(b"weights v2").hexdigest()
+    assert json.loads(sums.read_text())[str(f)][4] == "planted"  # still not written by the fact
+
+
+def test_a_record_drops_files_that_are_gone_and_never_keeps_a_secret(tmp_path: Path) -> None:
+    sums, a, b, env = tmp_path / "sums.json", tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "x.env"
+    for p in (a, b, env):
+        p.write_text(p.name)
+    record(sums, (a, "1" * 64), (b, "2" * 64))
+    cache = json.loads(sums.read_text())
+    cache[str(env)] = [0, 0, 0, 0, "3" * 64]  # an old layout's entry for a secret file
+    sums.write_text(json.dumps(cache))
+    b.unlink()
+    record(sums, (a, "1" * 64))
+    assert set(json.loads(sums.read_text())) == {str(a)}
+    assert manifest(sums, env)[str(env)][0] == "unverified"
 
 
 def test_fact_command_is_one_python3_call_over_every_path() -> None:
