@@ -15,9 +15,17 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+
+def did_you_mean(given: object, options: Sequence[str], n: int = 3) -> str:
+    """"; did you mean a, b?" for the names closest to a misspelt one, or "" when none is close: every
+    refusal of an unknown key or flag says it the same way."""
+    close = difflib.get_close_matches(str(given), list(options), n=n, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 Scalar = str | int | float | bool
 T = TypeVar("T")
@@ -118,9 +126,8 @@ class ServeFlags(BaseModel):
             if key in SECRET_FLAGS:
                 raise ValueError(f"@{key}: {SECRET_FLAGS[key]}")
             if key not in cls.model_fields:
-                close = difflib.get_close_matches(key, list(cls.model_fields), n=3, cutoff=0.6)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ValueError(f"@{key}: not a known serve flag{hint} (others go in extra_args)")
+                raise ValueError(f"@{key}: not a known serve flag{did_you_mean(key, cls.model_fields)} "
+                                 "(others go in extra_args)")
             extra = cls.model_fields[key].json_schema_extra
             if isinstance(extra, dict) and extra.get("planner"):
                 raise ValueError(f"@{key}: set by vllm-fleet from vllm.cluster (the node's rank and the "

@@ -12,7 +12,6 @@ Python inventories write both. docs/inventory.md#types has the rule and an examp
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -30,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from fleet.flags import Seq, ServeFlags
+from fleet.flags import Seq, ServeFlags, did_you_mean
 
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
@@ -90,9 +89,8 @@ def hint_unknown(cls: type[BaseModel], data: Any) -> Any:
     if isinstance(data, dict):
         for key in data:
             if key not in cls.model_fields:
-                close = difflib.get_close_matches(str(key), list(cls.model_fields), n=3, cutoff=0.6)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ValueError(f"@{key}: not a known key{hint} (allowed: {', '.join(cls.model_fields)})")
+                raise ValueError(f"@{key}: not a known key{did_you_mean(key, cls.model_fields)} "
+                                 f"(allowed: {', '.join(cls.model_fields)})")
     return data
 
 
@@ -411,8 +409,7 @@ def _literal(value: Any, expected: str) -> str:
     text = value.strip() if isinstance(value, str) else repr(str(value))
     if text in options:
         return f"{msg}; write {text}"
-    close = difflib.get_close_matches(repr(value), options, n=1, cutoff=0.6) if isinstance(value, str) else []
-    return f"{msg}; did you mean {close[0]}?" if close else msg
+    return msg + (did_you_mean(repr(value), options, n=1) if isinstance(value, str) else "")
 
 
 def _message(err: Mapping[str, Any]) -> str | _WrongType:
@@ -530,8 +527,7 @@ def parse_host(host_name: str, data: Mapping[str, Any] | None,
     unknown = []
     for key in merged:
         if key not in host_keys and key not in instance_keys:
-            close = difflib.get_close_matches(str(key), host_keys + instance_keys, n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = did_you_mean(key, host_keys + instance_keys)
             unknown.append(f"{host_name}: vllm.{key}: not a known key{hint} (host keys: "
                            f"{', '.join(host_keys)}; instance keys: {', '.join(instance_keys)})")
     if unknown:

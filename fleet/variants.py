@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from fleet.flags import version_tuple
 from fleet.gpus import DriverVersion, Gpu
 
 ACCELERATORS = ("cuda", "cpu")
@@ -24,10 +25,6 @@ ACCELERATORS = ("cuda", "cpu")
 
 class VariantRefusal(ValueError):
     """No build of the requested vLLM fits the host; the message says what to install or change."""
-
-
-def _version_key(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split("."))
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ class Variant:
 
     @property
     def cuda_key(self) -> tuple[int, ...]:
-        return _version_key(self.cuda) if self.cuda else ()
+        return version_tuple(self.cuda) if self.cuda else ()
 
     def supports(self, cc: tuple[int, int]) -> bool:
         """Whether this build has kernels for a GPU of compute capability ``cc``."""
@@ -140,7 +137,8 @@ def parse_table(text: str) -> dict[str, dict[str, Variant]]:
         raise ValueError("variants.toml: unknown schema (expected schema = 1)")
     table = {}
     for version, release in data.get("release", {}).items():
-        _version_key(version)  # a malformed version fails here, at load time
+        if not re.fullmatch(r"\d+(\.\d+)*", version):  # a malformed version fails here, at load time
+            raise ValueError(f"fleet/data/variants.toml: release {version!r} is not a version")
         min_cc = tuple(int(p) for p in release.get("min_compute_capability", "0.0").split("."))
         variants = [
             _variant(version, n, raw, (min_cc[0], min_cc[1])) for n, raw in release["variant"].items()
@@ -252,7 +250,7 @@ def choose_variant(
     if accelerator not in ACCELERATORS:
         raise VariantRefusal(f"accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
     if vllm_version not in table:
-        known = ", ".join(sorted(table, key=_version_key))
+        known = ", ".join(sorted(table, key=version_tuple))
         raise VariantRefusal(f"vLLM {vllm_version} is not in fleet/data/variants.toml (known: {known})")
     release = table[vllm_version]
     if override is not None:
