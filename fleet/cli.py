@@ -25,19 +25,24 @@ def _lab(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pyinfra(inventory: str, deploy: str, extra: list[str]) -> int:
+def _pyinfra(inventory: str, deploy: str, extra: list[str], yes: bool = True) -> int:
     """Our commands are pyinfra runs: same connection settings, same inventory, no second SSH layer."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     exe = Path(sys.executable).parent / "pyinfra"
-    return subprocess.run([str(exe), "-y", *extra, inventory, str(root / "deploys" / deploy)],
-                          cwd=root).returncode
+    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, inventory,
+                           str(root / "deploys" / deploy)], cwd=root).returncode
 
 
 def _plan(args: argparse.Namespace) -> int:
-    return _pyinfra(args.inventory, "plan.py", _limit_args(args.limit))
+    rc = _pyinfra(args.inventory, "plan.py", _limit_args(args.limit))
+    if rc or not args.diff:
+        return rc
+    # the deploy itself under --dry --diff (without -y, which skips pyinfra's change detection): the
+    # diff shown is the one a deploy would apply, secrets hidden, and the hosts are left as they were
+    return _pyinfra(args.inventory, "vllm.py", ["--dry", "--diff", *_limit_args(args.limit)], yes=False)
 
 
 def _rollout(args: argparse.Namespace, deploy: str = "vllm.py") -> int:
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "(changes nothing)")
     plan_p.add_argument("inventory")
     plan_p.add_argument("--limit")
+    plan_p.add_argument("--diff", action="store_true",
+                        help="then each file a deploy would change, as a diff (needs the deploy's secrets)")
     plan_p.set_defaults(func=_plan)
 
     for name, func, helptext, canary in (

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-from tests.hosts.conftest import api_get, deploy, host_files_digest, on, unit_props
+from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, host_files_digest, on, unit_props
+
+VLLM_FLEET = str(Path(sys.executable).parent / "vllm-fleet")
 
 
 def test_first_deploy_serves_on_both_hosts(deployed, lab_hosts):
@@ -56,6 +61,15 @@ def test_dry_diff_shows_the_config_change_hides_the_key_and_changes_nothing(depl
     assert new_key not in text
     assert all(line not in text for line in old_key.splitlines() if "KEY" in line)
     assert (host_files_digest(host), on(host, owned), unit_props(host)) == before  # --dry wrote nothing
+    # `vllm-fleet plan --diff` prints the plan table, then the same diff
+    plan = subprocess.run([VLLM_FLEET, "plan", INVENTORY, "--limit", host, "--diff"], cwd=ROOT, text=True,
+                          capture_output=True, timeout=300, env={**os.environ, "VLLM_API_KEY": new_key,
+                          "VLLM_FLEET_TEST_OVERRIDES": json.dumps({host: {"flags": {"max_num_seqs": 4}}})})
+    text = re.sub(r"\x1b\[[0-9;]*m", "", plan.stdout + plan.stderr)
+    assert plan.returncode == 0, text[-4000:]
+    assert re.search(r"^lab1 +cpu ", text, re.M) and re.search(r"^\s*\+ max-num-seqs: 4$", text, re.M), text
+    assert new_key not in text
+    assert (host_files_digest(host), on(host, owned), unit_props(host)) == before
 
 
 def test_missing_api_key_is_refused_before_any_host_is_touched(deployed, lab_hosts):
