@@ -36,6 +36,7 @@ CONFIG_DIR = "/etc/vllm"
 FLEET_STATE = "/var/lib/vllm-fleet"
 # the stdlib-only scripts from fleet/ that run on hosts (hoststate, the validator, the watchdog)
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
+UV_PATH = "/usr/local/bin/uv"  # fleet/hoststate.py's UV: host-side scripts import nothing of ours
 # fleet/keyguard.py, alone in its directory (the unit's PYTHONPATH, so nothing else becomes importable),
 # loaded by vLLM's --middleware for every instance with a key
 KEYGUARD_DIR = f"{HOST_TOOLS}/asgi"

@@ -13,7 +13,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR
+from fleet.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, UV_PATH
 
 # what tells whether a unit is enabled, running, and restarted since it was last read
 UNIT_PROPERTIES = ("-p ActiveState -p SubState -p MainPID -p UnitFileState -p ActiveEnterTimestampMonotonic "
@@ -95,6 +95,7 @@ class VllmHost(FactBase):
                                                           "UnitFileState": "enabled"}},
             "base_ok": True,
             "state": {...} or None,
+            "uv": "0.13.9",
             "created": ["vllm-default.service"],
             "interfaces": {"10.77.1.2": "host0", ...},
             "unprivileged_port_start": 1024,
@@ -132,6 +133,7 @@ class VllmHost(FactBase):
             "echo \"## watchdog $t\"; "
             "systemctl show \"$t\" -p ActiveState -p UnitFileState 2>/dev/null; done; "
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
+            f"echo '## uv'; {UV_PATH} --version 2>/dev/null; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "
             # systemd enforces IPAddressAllow= only on the unified cgroup hierarchy (v2)
             "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; "
@@ -181,6 +183,8 @@ class VllmHost(FactBase):
             # True when the vllm user and every base directory are as wanted (nothing to do)
             "base_ok": _base_ok(sections.get("base", [])),
             "state": state,
+            # "0.13.9" from "uv 0.13.9 (x86_64-unknown-linux-gnu)"; None when uv is absent or does not run
+            "uv": next(iter(" ".join(sections.get("uv", [])).split()[1:2]), None),
             "created": _created(state, sections.get("managed", [])),
             "interfaces": interfaces,
             "ip_filtering": bool(sections.get("cgroup2")),

@@ -23,6 +23,7 @@ from fleet.plan import (
     KEYGUARD_MODULE,
     RELEASES_DIR,
     STATE_DIR,
+    UV_PATH,
     HostPlan,
 )
 from fleet.variants import install_command
@@ -42,9 +43,9 @@ HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.p
 KEYGUARD_FILE = (str(FLEET_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
 
-def base(base_ok: bool) -> None:
-    """The vllm user, directories and uv every vLLM host needs, in one idempotent command, emitted only
-    when the VllmHost fact or the manifest says something is missing (no operation on a converged host)."""
+def base(base_ok: bool, uv_version: str | None) -> None:
+    """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
+    VllmHost fact or the manifest says something is missing (no operation on a converged host)."""
     if not base_ok:
         dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
                            for path, own in BASE_DIRS.items())
@@ -54,17 +55,35 @@ def base(base_ok: bool) -> None:
             "--no-create-home --shell /usr/sbin/nologin vllm",
             dirs,
         ])
+    if uv_version != wheels.UV_VERSION:
+        # at execution time: collection (and so --dry) never downloads uv on the controller
+        python.call(name=f"uv {wheels.UV_VERSION} ({uv_version or 'absent'} on the host)", function=send_uv)
     tools = tool_files()
     # decided here, not inside the operation: pyinfra pays ~40 ms per operation call (it reads the call
     # stack to order operations), so a converged host should call none it does not need
     if stale(tools, "root", "root", "755"):
-        synced_files(name="uv and the host tools", mode="755", files=tools)
+        synced_files(name="host tools", mode="755", files=tools)
 
 
 def tool_files() -> list[tuple[str, str]]:
-    """What every host gets besides the release: uv and the host-side scripts."""
-    return [(str(wheels.uv_binary()), "/usr/local/bin/uv"),
-            *[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
+    """The host-side scripts every host gets besides the release (uv: send_uv)."""
+    return [*[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
+
+
+def send_uv() -> None:
+    """uv from the controller's copy of its PyPI wheel (hosts need no route to fetch it), put in place by
+    one rename; the VllmHost fact reads its version, so a converged host runs none of this."""
+    binary = wheels.uv_binary(log=logger.info)
+    drop = remote.upload_dir()
+    if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
+        raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
+    sent = f"{drop}/uv" if drop else f"{UV_PATH}.incoming"
+    if not host.put_file(str(binary), sent, _sudo=False):
+        raise wheels.WheelCacheError(f"upload of {binary} to {sent} failed")
+    ok, out = remote.run(f"install -o root -g root -m 755 {sent} {UV_PATH}.new && rm -f {sent} && "
+                         f"mv -f {UV_PATH}.new {UV_PATH}")
+    if not ok:
+        raise wheels.WheelCacheError(f"installing uv at {UV_PATH} failed: {out.stderr}")
 
 
 _RESOLVES = ("import importlib.metadata as m, importlib.util as u, sys; m.distribution('vllm'); "

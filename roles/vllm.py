@@ -166,7 +166,7 @@ def deploy_vllm() -> None:
     prefetch([tuple(d for _, d in install.tool_files()),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"])
+    install.base(vh["base_ok"], vh["uv"])
     built = install.release(plan, vh["releases"])
     release_changing = vh["current"] != plan.release
     model_changed, pending = {}, []

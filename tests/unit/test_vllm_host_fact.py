@@ -193,3 +193,21 @@ def test_the_command_lists_only_units_whose_first_line_is_the_header(tmp_path):
     found = VllmHost().process(out.stdout.splitlines())
     assert found["units"] == ["vllm-default.service", "vllm-router.service"]
     assert found["created"] == ["vllm-default.service"]
+
+
+def test_uv_version_is_read_from_its_own_output_and_absent_is_none():
+    # `uv --version` as uv 0.13.9 prints it on a lab host
+    text = CAPTURED_LAB1.replace("## addresses", "## uv\nuv 0.13.9 (x86_64-unknown-linux-gnu)\n## addresses")
+    assert VllmHost().process(text.splitlines())["uv"] == "0.13.9"
+    assert VllmHost().process(CAPTURED_LAB1.splitlines())["uv"] is None
+    empty = CAPTURED_LAB1.replace("## cgroup2", "## uv\n## cgroup2")
+    assert VllmHost().process(empty.splitlines())["uv"] is None
+
+
+def test_the_host_side_scripts_name_the_planners_paths():
+    """hoststate.py imports nothing of ours (stdlib only on the host): its copies must stay equal."""
+    from fleet import hoststate, plan
+
+    assert (hoststate.RELEASES, hoststate.CURRENT, hoststate.MODELS, hoststate.UV, hoststate.STATE_DIR,
+            hoststate.CONFIG_DIR) == (plan.RELEASES_DIR, plan.CURRENT_LINK, plan.MODELS_DIR, plan.UV_PATH,
+                                      plan.FLEET_STATE, plan.CONFIG_DIR)
