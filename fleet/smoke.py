@@ -81,6 +81,25 @@ def _timed(fn: Callable[[], Check]) -> Check:
     return check
 
 
+def holder_check(listeners: list[dict] | None, port: int, unit: str) -> Check | None:
+    """Who listens on the instance's port, read just before the key is sent: None when every listener
+    there is the unit's own process. During a restart the port is free for a moment, and a local user
+    who binds it first would otherwise receive the smoke test's key; so any other holder, or a host that
+    cannot tell, fails the check and the key is never sent."""
+    if listeners is None:
+        return Check("listener", False, f"cannot tell who holds port {port} (ss printed nothing): "
+                                        "the key was not sent")
+    on_port = [entry for entry in listeners if entry.get("port") == port]
+    if not on_port:
+        return Check("listener", False, f"nothing listens on port {port}: the key was not sent")
+    others = [entry for entry in on_port if entry.get("unit") != unit]
+    if others:
+        who = ", ".join(f"{e.get('process') or '?'} (pid {e.get('pid') or '?'}, {e.get('unit') or 'no unit'})"
+                        f" on {e.get('address')}" for e in others)
+        return Check("listener", False, f"port {port} is held by {who}, not {unit}: the key was not sent")
+    return None
+
+
 def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: float = 60.0,
                transport: httpx.BaseTransport | None = None) -> list[Check]:
     """The smoke test proper; `api_key` None means the instance runs without a key (no 401 check).

@@ -54,6 +54,34 @@ def _listeners(lines: list[str], cgroups: list[str]) -> list[dict] | None:
     return out
 
 
+# Each TCP listener and the cgroup line of its process, as root: ss once, then one line per listening pid.
+LISTEN_SH = (
+    "echo '## listen'; L=$(ss -ltnp 2>/dev/null); [ -n \"$L\" ] && printf '%s\\n' \"$L\"; "
+    "echo '## listen_cgroups'; "
+    "for p in $(printf '%s\\n' \"$L\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un); do "
+    "echo \"$p $(grep -E '^0::|name=systemd:' /proc/$p/cgroup 2>/dev/null | head -n1)\"; done; true"
+)
+
+
+def sections_of(output: list[str]) -> dict[str, list[str]]:
+    """Lines under each "## name" header of a combined command's output."""
+    sections: dict[str, list[str]] = {}
+    key = None
+    for line in output:
+        if line.startswith("## "):
+            key = line[3:].strip()
+            sections[key] = []
+        elif key is not None:
+            sections[key].append(line)
+    return sections
+
+
+def listeners_of(sections: dict[str, list[str]]) -> list[dict] | None:
+    """LISTEN_SH's output as _listeners reads it."""
+    return _listeners([ln for ln in sections.get("listen", []) if ln.strip()],
+                      sections.get("listen_cgroups", []))
+
+
 def _int_or_none(lines: list[str]) -> int | None:
     text = "".join(lines).strip()
     return int(text) if text.isdigit() else None
@@ -141,21 +169,11 @@ class VllmHost(FactBase):
             # listener with the unit of its process (ss once, then one cgroup line per listening pid)
             "echo '## unprivileged_port_start'; "
             "cat /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null; "
-            "echo '## listen'; L=$(ss -ltnp 2>/dev/null); [ -n \"$L\" ] && printf '%s\\n' \"$L\"; "
-            "echo '## listen_cgroups'; "
-            "for p in $(printf '%s\\n' \"$L\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un); do "
-            "echo \"$p $(grep -E '^0::|name=systemd:' /proc/$p/cgroup 2>/dev/null | head -n1)\"; done; true"
+            + LISTEN_SH
         )
 
     def process(self, output):
-        sections: dict[str, list[str]] = {}
-        key = None
-        for line in output:
-            if line.startswith("## "):
-                key = line[3:].strip()
-                sections[key] = []
-            elif key is not None:
-                sections[key].append(line)
+        sections = sections_of(output)
         units, watchdogs = ({key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
                              for key, lines in sections.items() if key.startswith(kind)}
                             for kind in ("unit ", "watchdog "))
@@ -189,8 +207,7 @@ class VllmHost(FactBase):
             "interfaces": interfaces,
             "ip_filtering": bool(sections.get("cgroup2")),
             "unprivileged_port_start": _int_or_none(sections.get("unprivileged_port_start", [])),
-            "listeners": _listeners([ln for ln in sections.get("listen", []) if ln.strip()],
-                                    sections.get("listen_cgroups", [])),
+            "listeners": listeners_of(sections),
         }
 
 

@@ -25,6 +25,7 @@ from fleet import effective, smoke
 from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HOST_TOOLS, HostPlan, InstancePlan
 from roles import remote
+from roles.facts import LISTEN_SH, listeners_of, sections_of
 from roles.service import STAGED
 from roles.tunnel import tunnel
 
@@ -154,10 +155,21 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
                 result.checks.append(smoke.Check("health", False, f"not ready after {waited:.0f} s"))
                 return result
             logger.info(f"[{host.name}] {target.unit} ready after {waited:.1f} s")
+        if api_key:
+            refused = smoke.holder_check(port_listeners(), target.port, target.unit)
+            if refused is not None:
+                result.checks.append(refused)
+                return result
         result.checks = smoke.run_checks(t.url, target.served_name, api_key, transport=t.transport)
         if live:
             result.live = smoke.read_live(t.url, api_key=api_key, transport=t.transport)
     return result
+
+
+def port_listeners() -> list[dict] | None:
+    """The host's TCP listeners with each one's unit, read now (roles/facts.py, as the fact reads them)."""
+    ok, out = run(LISTEN_SH)
+    return listeners_of(sections_of(out.splitlines())) if ok else None
 
 
 def restored_targets(plan: HostPlan) -> list[Target]:

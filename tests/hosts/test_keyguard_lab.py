@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import time
 
-from tests.hosts.conftest import api_get, on
+from tests.hosts.conftest import api_get, deploy, on
 
 
 def _post(host: str, path: str, body: dict, with_key: bool) -> int:
@@ -65,3 +67,52 @@ def test_the_smoke_test_checked_every_route(deployed):
         m = re.fullmatch(r"401 on (\d+)/(\d+) routes", c["detail"])
         assert c["ok"] and m and m.group(1) == m.group(2) and int(m.group(1)) >= 20, c
     assert re.search(r"ok \(401 on \d+/\d+ routes\)", deployed.output)
+
+
+# A local user's server that takes the port the moment it is free and records every request's headers:
+# what a squatter on the port would learn. It answers 200 to everything, /health included.
+SQUATTER = r"""
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        open(sys.argv[2], "a").write(repr(dict(self.headers)) + "\n")
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    do_POST = do_GET
+while True:
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+        break
+    except OSError:
+        time.sleep(0.02)
+server.serve_forever()
+"""
+
+
+def test_a_local_user_who_takes_the_port_during_a_restart_never_receives_the_key(deployed, lab_hosts):
+    """A restart leaves the instance's port free until the new vLLM binds it; a local user's process
+    waiting for that moment takes it. The smoke test after the restart (and the rollback's) reads who
+    holds the port (ss, the holder's cgroup) before any request with the key, so the key never leaves."""
+    h = lab_hosts[0]
+    key = on(h, "sed -n 's/^VLLM_API_KEY=//p' /etc/vllm/default.env").strip().strip('"')
+    assert len(key) > 8
+    on(h, "systemctl stop vllm-watchdog@default.timer")
+    try:
+        on(h, "install -d -o nobody -m 700 /tmp/squat && "
+              "systemd-run --unit=squatter --uid=nobody --property=PrivateTmp=no python3 -c "
+              f"{shlex.quote(SQUATTER)} 8000 /tmp/squat/headers.log")
+        run = deploy(overrides={h: {"flags": {"max_num_seqs": 4}}}, limit=h)  # a change: a restart
+        assert run.rc != 0, run.output[-3000:]
+        assert re.search(r"port 8000 is held by python3 \(pid \d+, squatter.service\) on 127.0.0.1, not "
+                         r"vllm-default.service: the key was not sent", run.output), run.output[-3000:]
+        assert "ActiveState=active" in on(h, "systemctl show squatter.service -p ActiveState")
+        seen = on(h, "cat /tmp/squat/headers.log 2>/dev/null")
+        assert key not in seen and "Bearer" not in seen, seen
+    finally:
+        on(h, "systemctl stop squatter.service 2>/dev/null; rm -rf /tmp/squat; "
+              "systemctl restart vllm-default.service; systemctl start vllm-watchdog@default.timer")
+    for _ in range(60):
+        if api_get(h, "/v1/models")[0] == 200:
+            break
+        time.sleep(3)
+    assert api_get(h, "/v1/models")[0] == 200
+    assert "max-num-seqs: 8" in on(h, "cat /etc/vllm/default.yaml")  # the rollback's config, serving
