@@ -70,16 +70,22 @@ def tool_files() -> list[tuple[str, str]]:
     return [*[(str(FLEET_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
 
 
+def _upload(local: Path, name: str, root_dir: str) -> str:
+    """Send a controller file where root takes it from: the login's own 0700 upload directory, or
+    root_dir for a root login; returns its path on the host."""
+    drop = remote.upload_dir()
+    dest = f"{drop or root_dir}/{name}"
+    if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
+        raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
+    if not host.put_file(str(local), dest, _sudo=False):
+        raise wheels.WheelCacheError(f"upload of {local} to {dest} failed")
+    return dest
+
+
 def send_uv() -> None:
     """uv from the controller's copy of its PyPI wheel (hosts need no route to fetch it), put in place by
     one rename; the VllmHost fact reads its version, so a converged host runs none of this."""
-    binary = wheels.uv_binary(log=logger.info)
-    drop = remote.upload_dir()
-    if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
-        raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
-    sent = f"{drop}/uv" if drop else f"{UV_PATH}.incoming"
-    if not host.put_file(str(binary), sent, _sudo=False):
-        raise wheels.WheelCacheError(f"upload of {binary} to {sent} failed")
+    sent = _upload(wheels.uv_binary(log=logger.info), ".uv.incoming", UV_PATH.rsplit("/", 1)[0])
     ok, out = remote.run(f"install -o root -g root -m 755 {sent} {UV_PATH}.new && rm -f {sent} && "
                          f"mv -f {UV_PATH}.new {UV_PATH}")
     if not ok:
@@ -163,12 +169,7 @@ def send_wheels(plan: HostPlan) -> None:
                                       wheels.parse_store_listing(out.stdout_lines))
     # a non-root login sends it into its own 0700 upload directory and root unpacks it from there: no
     # copy of the tar into place first (pyinfra's sudo upload would copy it, 0.57 GiB for a first host)
-    drop = remote.upload_dir()
-    incoming = f"{drop or HOST_WHEELS}/.incoming-{tar.name}"
-    if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
-        raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
-    if not host.put_file(str(tar), incoming, _sudo=False):
-        raise wheels.WheelCacheError(f"upload of {tar} to {incoming} failed")
+    incoming = _upload(tar, f".incoming-{tar.name}", HOST_WHEELS)
     # -m: files dated now, so a wheel list sent for a build not yet run counts as pending in a prune
     ok, out = remote.run(f"tar -C {HOST_WHEELS} -m --no-same-owner -xf {shlex.quote(incoming)} && "
                          f"rm -f {shlex.quote(incoming)}")
