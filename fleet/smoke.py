@@ -81,15 +81,20 @@ def _timed(fn: Callable[[], Check]) -> Check:
     return check
 
 
-def holder_check(listeners: list[dict] | None, port: int, unit: str) -> Check | None:
-    """Who listens on the instance's port, read just before the key is sent: None when every listener
-    there is the unit's own process. During a restart the port is free for a moment, and a local user
-    who binds it first would otherwise receive the smoke test's key; so any other holder, or a host that
-    cannot tell, fails the check and the key is never sent."""
+_WILDCARD = ("*", "0.0.0.0", "::")
+
+
+def holder_check(listeners: list[dict] | None, address: str, port: int, unit: str) -> Check | None:
+    """Who listens where the smoke test connects (address:port on the host), read just before the key
+    is sent: None when every listener that could take the connection is the unit's own process. During a
+    restart the port is free for a moment, and a local user who binds it first would otherwise receive
+    the smoke test's key; so any other holder, or a host that cannot tell, fails the check and the key is
+    never sent. A listener on the same port at another specific address cannot take the connection."""
     if listeners is None:
         return Check("listener", False, f"cannot tell who holds port {port} (ss printed nothing): "
                                         "the key was not sent")
-    on_port = [entry for entry in listeners if entry.get("port") == port]
+    on_port = [entry for entry in listeners if entry.get("port") == port
+               and str(entry.get("address")).removeprefix("::ffff:") in (address, *_WILDCARD)]
     if not on_port:
         return Check("listener", False, f"nothing listens on port {port}: the key was not sent")
     others = [entry for entry in on_port if entry.get("unit") != unit]

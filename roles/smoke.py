@@ -24,6 +24,7 @@ from pyinfra.operations import python
 from fleet import effective, smoke
 from fleet.cluster import NodeRole
 from fleet.plan import CONFIG_DIR, HOST_TOOLS, HostPlan, InstancePlan
+from fleet.watchdog import probe_address
 from roles import remote
 from roles.facts import LISTEN_SH, listeners_of, sections_of
 from roles.service import STAGED
@@ -156,7 +157,8 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
                 return result
             logger.info(f"[{host.name}] {target.unit} ready after {waited:.1f} s")
         if api_key:
-            refused = smoke.holder_check(port_listeners(), target.port, target.unit)
+            refused = smoke.holder_check(port_listeners(), probe_address(target.host), target.port,
+                                         target.unit)
             if refused is not None:
                 result.checks.append(refused)
                 return result
