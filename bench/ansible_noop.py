@@ -63,7 +63,7 @@ def check_no_change(kind: str, text: str) -> None:
         if not recap or recap.groups() != ("0", "0", "0"):
             sys.exit(f"Ansible changed the host or failed:\n{text[-3000:]}")
     elif kind == "ours":
-        changes = r"Starting operation: (restart|build release|serve config|env file|unit )"
+        changes = r"Starting operation: (?:[^|]+\| )?(restart|build release|serve config|env file|unit )"
         changing = [line for line in text.splitlines() if re.search(changes, line)]
         if changing:
             sys.exit("our deploy was not a no-change run:\n" + "\n".join(changing))
@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from fleet import lab
+    import fleetlab as lab
 
     hosts = {h.name: h for h in lab.read_state()}
     if args.host not in hosts:

@@ -49,7 +49,7 @@ def pyinfra(deploy: str, host: str, env: dict[str, str], inventory: str = INVENT
 
 
 def ssh(address: str, key: Path, command: str) -> str:
-    from fleet.lab import SSH_OPTS
+    from fleetlab import SSH_OPTS
 
     out = subprocess.run(["ssh", *SSH_OPTS, "-i", str(key), f"root@{address}", command],
                          capture_output=True, text=True, timeout=300)
@@ -79,8 +79,9 @@ def main() -> int:
                     help="a second release to install next to the running one ('' to skip)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from fleet import lab, wheels
-    from fleet.lab_inventory import TINY_MODEL
+    import fleetlab as lab
+    from fleet import wheels
+    from fleetlab.inventory import TINY_MODEL
 
     hosts = {h.name: h for h in lab.read_state()}
     if args.host not in hosts:
@@ -136,7 +137,7 @@ def main() -> int:
     if args.second:
         inv = ROOT / ".cache" / "bench-second-release.py"
         inv.parent.mkdir(exist_ok=True)
-        inv.write_text("from fleet.lab_inventory import lab_hosts\n"
+        inv.write_text("from fleetlab.inventory import lab_hosts\n"
                        f"lab = [(n, {{**d, 'vllm': {{**d['vllm'], 'version': {args.second!r}}}}}) "
                        "for n, d in lab_hosts()]\n")
         second = f"{args.second}-cpu"

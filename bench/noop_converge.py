@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from fleet import lab
+    import fleetlab as lab
 
     hosts = [h.name for h in lab.read_state()]
     if not hosts:

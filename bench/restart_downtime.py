@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fleet import lab  # noqa: E402
+import fleetlab as lab  # noqa: E402
 
 POLL = ("systemd-run --quiet --collect --unit=bench-poll sh -c 'while :; do "
         "echo $(date +%s.%N) $(curl -s -o /dev/null -m 1 -w %{http_code} http://127.0.0.1:8000/health); "

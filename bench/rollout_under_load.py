@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 INVENTORY = """
-from fleet import lab
-from fleet.lab_inventory import connection, lab_vllm
+import fleetlab as lab
+from fleetlab.inventory import connection, lab_vllm
 from fleet.spec import deep_merge
 over = {over!r}
 vllm = [(h.name, {{**connection(h), "vllm": deep_merge(lab_vllm(h.index), over)}})
@@ -74,7 +74,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8, help="tokens per completion (longer: more in flight)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from fleet import lab
+    import fleetlab as lab
 
     lab.up(3, plain=2, log=lambda _: None)
     with tempfile.TemporaryDirectory() as tmp:

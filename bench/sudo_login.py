@@ -26,8 +26,8 @@ LAB = str(ROOT / "inventories" / "lab.py")
 # lab3 with either login, for the first deploys
 FRESH = """
 import os
-from fleet import lab
-from fleet.lab_inventory import connection, lab_vllm
+import fleetlab as lab
+from fleetlab.inventory import connection, lab_vllm
 data = connection(lab.LabHost(3))
 if os.environ["BENCH_LOGIN"] == "root":
     data = {**{k: v for k, v in data.items() if k != "_sudo"}, "ssh_user": "root"}
@@ -59,8 +59,8 @@ def main() -> int:
     ap.add_argument("--first", type=int, default=1, help="first deploys per login onto a fresh lab3")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from fleet import lab
-    from fleet.lab_inventory import connection
+    import fleetlab as lab
+    from fleetlab.inventory import connection
 
     logins = {name: connection(lab.LabHost(int(name[3:]))) for name in ("lab1", "lab2")}
     if logins["lab1"].get("_sudo") is not True or logins["lab2"]["ssh_user"] != "root":

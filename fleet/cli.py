@@ -6,8 +6,26 @@ import argparse
 import sys
 
 
+def _dev(module: str):
+    """The lab and the tiny model are the checkout's dev part (fleetlab/), never in the wheel: found
+    beside this package in a checkout, or a clear message from an installed copy."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if (root / "fleetlab").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "fleetlab":
+            raise SystemExit("vllm-fleet: the lab and the tiny model come with the source checkout "
+                             "(fleetlab/), not with an installed vllm-fleet") from None
+        raise
+
+
 def _lab(args: argparse.Namespace) -> int:
-    from fleet import lab
+    lab = _dev("fleetlab")
 
     try:
         if args.lab_cmd == "up":
@@ -26,26 +44,27 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _pyinfra(inventory: str, deploy: str, extra: list[str], yes: bool = True) -> int:
-    """Our commands are pyinfra runs: same connection settings, same inventory, no second SSH layer."""
+    """Our commands are pyinfra runs: same connection settings, same inventory, no second SSH layer.
+    deploy: the @deploy function, as pyinfra's CLI names one (module.function), so an installed
+    vllm-fleet needs no deploy file, and relative paths mean what they mean in the caller's directory."""
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
     exe = Path(sys.executable).parent / "pyinfra"
-    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, inventory,
-                           str(root / "deploys" / deploy)], cwd=root).returncode
+    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, inventory, deploy]).returncode
 
 
 def _plan(args: argparse.Namespace) -> int:
-    rc = _pyinfra(args.inventory, "plan.py", _limit_args(args.limit))
+    rc = _pyinfra(args.inventory, "roles.vllm.plan_report", _limit_args(args.limit))
     if rc or not args.diff:
         return rc
     # the deploy itself under --dry --diff (without -y, which skips pyinfra's change detection): the
     # diff shown is the one a deploy would apply, secrets hidden, and the hosts are left as they were
-    return _pyinfra(args.inventory, "vllm.py", ["--dry", "--diff", *_limit_args(args.limit)], yes=False)
+    return _pyinfra(args.inventory, "roles.vllm.deploy_vllm", ["--dry", "--diff", *_limit_args(args.limit)],
+                    yes=False)
 
 
-def _rollout(args: argparse.Namespace, deploy: str = "vllm.py") -> int:
+def _rollout(args: argparse.Namespace, deploy: str = "roles.vllm.deploy_vllm") -> int:
     from fleet import rollout
 
     try:
@@ -59,14 +78,14 @@ def _rollout(args: argparse.Namespace, deploy: str = "vllm.py") -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    return _rollout(args, deploy="rollback.py")
+    return _rollout(args, deploy="roles.rollback.rollback")
 
 
 def _status(args: argparse.Namespace) -> int:
     """With --watch, the whole status again every N seconds (each round is a fresh read-only run, so
     what it shows is never older than one round) until interrupted."""
     if not args.watch:
-        return _pyinfra(args.inventory, "smoke.py", _limit_args(args.limit))
+        return _pyinfra(args.inventory, "roles.vllm.smoke_only", _limit_args(args.limit))
     import time
 
     try:
@@ -74,7 +93,7 @@ def _status(args: argparse.Namespace) -> int:
             started = time.strftime("%Y-%m-%d %H:%M:%S")
             print("\033[2J\033[H", end="")  # clear the terminal, cursor home
             print(f"vllm-fleet status {args.inventory}, every {args.watch} s (Ctrl-C stops); at {started}")
-            _pyinfra(args.inventory, "smoke.py", _limit_args(args.limit))
+            _pyinfra(args.inventory, "roles.vllm.smoke_only", _limit_args(args.limit))
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
@@ -96,7 +115,7 @@ def _targets(args: argparse.Namespace) -> int:
         print(f"targets: {out.parent} is not a directory", file=sys.stderr)
         return 2
     os.environ[OUTPUT_ENV] = str(out)
-    return _pyinfra(args.inventory, "targets.py", _limit_args(args.limit))
+    return _pyinfra(args.inventory, "roles.targets.targets", _limit_args(args.limit))
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -107,7 +126,7 @@ def _logs(args: argparse.Namespace) -> int:
     os.environ[LINES_ENV] = str(args.lines)
     if args.instance:
         os.environ[INSTANCE_ENV] = args.instance
-    return _pyinfra(args.inventory, "logs.py", _limit_args(args.limit))
+    return _pyinfra(args.inventory, "roles.logs.show_logs", _limit_args(args.limit))
 
 
 def _positive(value: str) -> int:
@@ -120,10 +139,9 @@ def _positive(value: str) -> int:
 def _model(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fleet.lab_inventory import TINY_MODEL
-    from fleet.tinymodel import make_tiny_model
-
-    dest = make_tiny_model(Path(args.dest) if args.dest else TINY_MODEL)
+    tiny_model = _dev("fleetlab.inventory").TINY_MODEL
+    make_tiny_model = _dev("fleetlab.tinymodel").make_tiny_model
+    dest = make_tiny_model(Path(args.dest) if args.dest else tiny_model)
     print(dest)
     return 0
 

@@ -73,7 +73,7 @@ WHEELS = ROOT + "/var/cache/vllm-fleet/wheels"  # the host's wheel store (roles/
 UV = "/usr/local/bin/uv"
 UV_CACHE = RELEASES + "/.uv-cache"
 PENDING_S = 86400  # a wheel list sent for a release not built yet protects its wheels this long
-MANAGED = "# Managed by vllm-fleet"  # templates/vllm.service.j2's first line
+MANAGED = "# Managed by vllm-fleet"  # fleet/templates/vllm.service.j2's first line
 
 
 def _sha(path: str) -> str | None:

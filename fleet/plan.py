@@ -34,6 +34,10 @@ MODELS_DIR = "/opt/vllm/models"
 STATE_DIR = VLLM_WRITABLE
 CONFIG_DIR = "/etc/vllm"
 FLEET_STATE = "/var/lib/vllm-fleet"
+STAGED = f"{FLEET_STATE}/staged"  # configs validated before the switch, and what validation found
+SUMS = f"{FLEET_STATE}/sums.json"  # checksums of the files the deploy wrote (roles/ops.py)
+# One store of wheels per host, kept between releases at a fixed path (see fleet/wheels.py)
+HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 # the stdlib-only scripts from fleet/ that run on hosts (hoststate, the validator, the watchdog)
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
 UV_PATH = "/usr/local/bin/uv"  # fleet/hoststate.py's UV: host-side scripts import nothing of ours

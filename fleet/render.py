@@ -1,4 +1,4 @@
-"""Jinja2 over templates/: the only way unit, env file and serve config are produced.
+"""Jinja2 over fleet/templates/: the only way unit, env file and serve config are produced.
 
 StrictUndefined so a template that names a field the plan lacks fails on the controller, not as a
 half-rendered unit on a host.
@@ -17,7 +17,7 @@ import yaml
 from fleet import lb
 from fleet.plan import CURRENT_LINK, HOST_TOOLS, STATE_DIR, HostPlan, InstancePlan
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def _to_yaml(value: object) -> str:

@@ -23,7 +23,6 @@ from pathlib import Path
 from fleet.spec import is_vllm_host, skipped_note
 from fleet.tables import columns
 
-ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -113,7 +112,7 @@ def _read_inventory(inventory: str, expression: str) -> object:
             "from pyinfra_cli.inventory import make_inventory; "
             "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
             f"inv = make_inventory(sys.argv[1]); print(json.dumps({expression}, default=str))")
-    out = subprocess.run([sys.executable, "-c", code, inventory], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, inventory], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -146,8 +145,8 @@ def _pyinfra(inventory: str, deploy: str, hosts: list[str], smoke_json: str) -> 
     env = {**os.environ, "VLLM_FLEET_SMOKE_JSON": smoke_json}
     # one --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing
     limits = [arg for h in hosts for arg in ("--limit", h)]
-    cmd = [str(exe), "-y", *limits, inventory, str(ROOT / "deploys" / deploy)]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    cmd = [str(exe), "-y", *limits, inventory, deploy]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 
 def _classify(host: str, output: str, smoke: list[dict], rc: int) -> tuple[str, str]:
@@ -162,7 +161,7 @@ def _classify(host: str, output: str, smoke: list[dict], rc: int) -> tuple[str, 
     return "failed", (m.group(0)[:300] if m else f"pyinfra exited {rc}")
 
 
-def run(inventory: str, deploy: str = "vllm.py", canary: int = 1, wave: str = "1",
+def run(inventory: str, deploy: str = "roles.vllm.deploy_vllm", canary: int = 1, wave: str = "1",
         max_unavailable: int | None = None, limit: str | None = None,
         log: Callable[[str], None] = print) -> RolloutResult:
     hosts, skipped = inventory_hosts(inventory, limit)

@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from fleet.lab import CACHE_DIR
+from fleet.paths import CACHE_DIR
 
 UV_VERSION = "0.13.9"
 

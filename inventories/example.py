@@ -7,8 +7,8 @@ nvidia-smi (tests/hosts/test_gpu_simulated.py).
 Real fleets write the same dicts with their own addresses, users and model paths.
 """
 
-from fleet import lab
-from fleet.lab_inventory import TINY_MODEL, lab_vllm
+import fleetlab as lab
+from fleetlab.inventory import TINY_MODEL, lab_vllm
 
 # what a fleet's inventory says for every host: a login with passwordless sudo, host keys verified
 _ssh = {"ssh_user": "deploy", "_sudo": True, "ssh_key": str(lab.ssh_key()),

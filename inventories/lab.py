@@ -4,6 +4,6 @@ Reads the lab's state file, so it always lists the hosts that are up. The model 
 `vllm-fleet model tiny` (no hub downloads); the API key comes from VLLM_API_KEY in your environment.
 """
 
-from fleet.lab_inventory import lab_hosts
+from fleetlab.inventory import lab_hosts
 
 lab = lab_hosts()

@@ -5,6 +5,6 @@
 A third lab host, when up, is not part of it. Switching back: `pyinfra -y inventories/lab.py deploys/vllm.py`.
 """
 
-from fleet.lab_inventory import lab_cluster_hosts
+from fleetlab.inventory import lab_cluster_hosts
 
 cluster = lab_cluster_hosts(2)

@@ -20,6 +20,7 @@ import os
 import shlex
 
 from pyinfra import host, logger
+from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from fleet import benchmark, render
@@ -178,6 +179,7 @@ def _report() -> None:
               "(add the line above to the inventory and deploy)")
 
 
+@deploy("vLLM bench")
 def bench() -> None:
     """Collect-time: plan and settings (a bad setting stops before any host is benched)."""
     spec = this_host(check_secrets=False)

@@ -13,12 +13,14 @@ from pathlib import Path
 from pyinfra import host, logger
 from pyinfra.operations import python, server
 
+import fleet
 from fleet import wheels
 from fleet.plan import (
     BASE_DIRS,
     CURRENT_LINK,
     FLEET_STATE,
     HOST_TOOLS,
+    HOST_WHEELS,
     KEYGUARD_DIR,
     KEYGUARD_MODULE,
     RELEASES_DIR,
@@ -30,11 +32,9 @@ from fleet.variants import install_command
 from roles import remote
 from roles.ops import stale, synced_files
 
-# One store of wheels per host, kept between releases at a fixed path (see fleet/wheels.py), and uv's
-# cache beside the releases: same file system, so uv hardlinks instead of copying.
-HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
+# uv's cache beside the releases: same file system, so uv hardlinks instead of copying
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
-FLEET_SRC = Path(__file__).resolve().parent.parent / "fleet"
+FLEET_SRC = Path(fleet.__file__).resolve().parent  # the host-side scripts ship in the package
 HOST_PYTHON = "/usr/bin/python3"
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Generator
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, inventory, logger, state
+from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, python, server, systemd
@@ -113,10 +115,29 @@ def drain_op() -> None:
                     function=drain)
 
 
-def ready_op() -> None:
+def ready_op(drains: bool) -> None:
+    """drains: this run drains the host (it restarts something), so making it ready is part of the
+    change; otherwise the operation reads the balancers and changes something only where a server of
+    this host is still drained (a failed change left it so), and reports no change on a converged host."""
     if fronting(host.name):
-        python.call(name="ready in load balancer " + ", ".join(b.host for b, _ in fronting(host.name)),
-                    function=ready)
+        readied(name="ready in load balancer " + ", ".join(b.host for b, _ in fronting(host.name)),
+                drains=drains)
+
+
+@operation(is_idempotent=True, _set_in_op=False)
+def readied(drains: bool) -> Generator[FunctionCommand, None, None]:
+    if drains or (state.is_executing and not_ready()):
+        yield FunctionCommand(ready, (), {})
+
+
+def not_ready() -> list[str]:
+    """This host's servers whose admin state is not ready, in any balancer that drains it."""
+    found = []
+    for b, servers in fronting(host.name):
+        mine = {f"{core.BACKEND}/{s.name}" for s in servers}
+        found += [f"{b.host}: {r['server']} {r['admin']}" for r in _lbctl(b, "show")["rows"]
+                  if r["server"] in mine and r["admin"] in ("drain", "maint")]
+    return found
 
 
 def server_states() -> list[tuple[str, ...]]:
@@ -133,6 +154,7 @@ def server_states() -> list[tuple[str, ...]]:
     return rows
 
 
+@deploy("vLLM load balancer")
 def deploy_lb() -> None:
     """haproxy from the distribution, configured from the inventory; validated before it goes live."""
     b = balancers().get(host.name)

@@ -7,7 +7,7 @@ import atexit
 import os
 
 from pyinfra import host, inventory, state
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, deploy
 
 from fleet import logs
 from fleet.spec import skipped_note
@@ -41,6 +41,7 @@ def _print() -> None:
         print("\n" + "\n\n".join(blocks))
 
 
+@deploy("vLLM logs")
 def show_logs() -> None:
     specs = inventory_specs(check_secrets=False)
     wanted = os.environ.get(logs.INSTANCE_ENV) or None

@@ -18,7 +18,8 @@ from pyinfra.api import FactBase, FileUploadCommand, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
-from fleet.lab import CACHE_DIR
+from fleet.paths import CACHE_DIR
+from fleet.plan import SUMS
 from roles import remote
 
 
@@ -43,7 +44,6 @@ class Secret:
 # place, with the checksum of the content it just wrote. ctime cannot be set back, so a file changed
 # since (even with its mtime restored) is hashed again, and a file nobody recorded (restored by a
 # rollback, changed by hand) is simply hashed every time. Root-only, like the rest of /var/lib/vllm-fleet.
-SUMS = "/var/lib/vllm-fleet/sums.json"
 
 # Secret files (every env file: /etc/vllm/<instance>.env, haproxy's) are never hashed on the host: a
 # digest of a key in the fact's output (-vvv, logs) could check a guessed key offline. On upload the

@@ -8,6 +8,7 @@ first started. A host with no previous deploy is refused before any host is touc
 from __future__ import annotations
 
 from pyinfra import host, logger
+from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from roles import lb, smoke
@@ -25,6 +26,7 @@ def _rollback(plan) -> None:
                                 f"{'; '.join(r.failures() for r in failed)}\n{tail}")
 
 
+@deploy("vLLM rollback")
 def rollback() -> None:
     spec = this_host()
     if spec is None:

@@ -12,10 +12,9 @@ from pyinfra.operations import files, python, server, systemd
 
 from fleet import render
 from fleet.cluster import NodeRole
-from fleet.plan import HostPlan, InstancePlan
+from fleet.plan import STAGED, HostPlan, InstancePlan
 from roles.ops import Secret, marker_path, stale, synced_files
 
-STAGED = "/var/lib/vllm-fleet/staged"
 # vLLM reads its config's settings from these, but as root they would put caches into vllm's home
 _NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
 

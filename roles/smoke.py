@@ -14,20 +14,20 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.operations import python
+from pyinfra.operations import server
 
 from fleet import effective, smoke
 from fleet.cluster import NodeRole
-from fleet.plan import CONFIG_DIR, HOST_TOOLS, HostPlan, InstancePlan
+from fleet.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
 from fleet.watchdog import probe_address
 from roles import remote
 from roles.facts import LISTEN_SH, listeners_of, sections_of
-from roles.service import STAGED
 from roles.tunnel import tunnel
 
 HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
@@ -68,13 +68,20 @@ class Target:
 run = remote.run_text
 
 
-def commit(plan: HostPlan) -> None:
-    """Record the smoke-tested state as last known good. A commit that fails fails the host: the next
-    failed change would otherwise roll back to an older state than the one serving now."""
-    ok, out = run(f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}")
-    if not ok:
-        raise SmokeFailed(f"{host.name}: serving, but recording it as the last known good state failed "
-                          f"(hoststate commit/prune): {out.strip()[-400:] or 'no output'}")
+def commit_command(plan: HostPlan) -> str:
+    """Record the smoke-tested state as last known good, then prune. Its own operation (commit_op), run
+    only after the smoke test passed: a commit that fails fails the host, since the next failed change
+    would otherwise roll back to an older state than the one serving now."""
+    return f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}"
+
+
+def commit_op(plan: HostPlan, when: Callable[[], bool], possible: bool) -> None:
+    """when: read at execution, after the smoke test passed (a node group's change is known only then);
+    possible: False where collection already knows nothing changes, so a converged host has no commit
+    operation at all, in the proposed changes or the results."""
+    if possible:
+        server.shell(name=f"record {plan.release} as the last known good state",
+                     commands=[commit_command(plan)], _if=when)
 
 
 def journal(unit: str, lines: int = 25) -> str:
@@ -258,8 +265,6 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
     result.note = f"worker of {node.cluster}, served through {node.head}"
     if result.ok:
         RESULTS.append(result)
-        if did_change or not had_state:
-            commit(plan)
         return
     if outcome == "rollback" and did_change:
         ok, out = run(f"{HOSTSTATE} restore current")
@@ -283,8 +288,6 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
         r.changed = did_change
     if not failed:
         RESULTS.extend(results)
-        if did_change or not had_state:
-            commit(plan)
         return
     reason = "; ".join(f"{r.instance}: {r.failures()}" for r in failed)
     tail = "\n".join(f"--- journal of vllm-{r.instance}.service:\n{journal(f'vllm-{r.instance}.service')}"
@@ -345,9 +348,35 @@ def register_report() -> None:
 
 
 def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
-              restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
+              restarted: frozenset[str] = frozenset(), live: bool = False, planned: bool = True) -> None:
     """restarted: instances this run restarts, whose start-up log is checked against the plan;
-    live: also read what /metrics says now (`vllm-fleet status`)."""
+    live: also read what /metrics says now (`vllm-fleet status`); planned: whether collection already
+    knows this run changes the host (what the proposed-changes table and `--dry` show)."""
     register_report()
-    python.call(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", function=verify, plan=plan,
-                changed=changed, wait=wait, had_state=had_state, restarted=restarted, live=live)
+    smoked(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", plan=plan, changed=changed,
+           wait=wait, had_state=had_state, restarted=restarted, live=live, planned=planned)
+
+
+@operation(is_idempotent=True, _set_in_op=False)
+def smoked(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
+           restarted: frozenset[str], live: bool, planned: bool) -> Generator[FunctionCommand, None, None]:
+    """The smoke test as pyinfra should count it: a change's verdict (commit or roll back) is that
+    change's command; on a host this run leaves alone the same checks only read, so they run inside the
+    operation and it reports no change when they pass, and fails when they do not."""
+    kwargs = {"plan": plan, "changed": changed, "wait": wait, "had_state": had_state,
+              "restarted": restarted, "live": live}
+    if not state.is_executing:  # pyinfra's change detection, before anything runs
+        if planned:
+            yield FunctionCommand(verify, (), kwargs)
+        return
+    if changed() or not had_state:
+        yield FunctionCommand(verify, (), kwargs)
+        return
+    try:
+        verify(**kwargs)
+    except SmokeFailed as e:
+        yield FunctionCommand(_failed, (), {"error": e})
+
+
+def _failed(error: SmokeFailed) -> None:
+    raise error

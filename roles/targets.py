@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, inventory, logger
+from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from fleet import prometheus
@@ -34,6 +35,7 @@ def output_path() -> str:
     return os.environ.get(prometheus.OUTPUT_ENV) or prometheus.DEFAULT_OUTPUT
 
 
+@deploy("vLLM Prometheus targets")
 def targets() -> None:
     if inventory_specs(check_secrets=False).get(host.name) is None:
         return  # not a vLLM host: nothing to scrape

@@ -15,19 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, inventory, logger
+from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python, server
 
 from fleet import cluster
 from fleet.modelinfo import weight_bytes_from_dir
-from fleet.plan import HostFacts, HostPlan, missing_secrets, plan_host
+from fleet.plan import STAGED, HostFacts, HostPlan, missing_secrets, plan_host
 from fleet.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from fleet.startup import HostPorts
 from fleet.tables import columns
 from roles import install, lb, model, remote, service
 from roles.facts import HostModel, VllmHost
 from roles.ops import prefetch
-from roles.smoke import verify_op
+from roles.smoke import commit_op, verify_op
 
 
 class Refused(PyinfraError):
@@ -153,6 +154,7 @@ def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
 
 
+@deploy("vLLM")
 def deploy_vllm() -> None:
     """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back.
 
@@ -174,8 +176,8 @@ def deploy_vllm() -> None:
         model_changed[inst.name] = model.stage(inst)
         staged = service.stage_config(plan, inst, release_changing)
         if staged:
-            install.validate(plan, inst, f"{service.STAGED}/{inst.name}.yaml",
-                             f"{service.STAGED}/{inst.name}.environment.json")
+            install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml",
+                             f"{STAGED}/{inst.name}.environment.json")
         pending.append(staged or model_changed[inst.name])
     node = _NODES.get(host.name)
     if node is not None:
@@ -215,17 +217,24 @@ def deploy_vllm() -> None:
     if orphans:
         server.shell(name="systemd daemon-reload (watchdog removed)", commands=["systemctl daemon-reload"])
     did_change = any(changed) or bool(removed) or built is not None
-    verify_op(plan, changed=lambda: did_change or bool(node and service.CLUSTER_CHANGED.get(node.store)),
-              had_state=bool(vh["state"]),
+    had_state = bool(vh["state"])
+
+    def this_run_changed() -> bool:  # at execution: another node's change restarts this one too
+        return did_change or bool(node and service.CLUSTER_CHANGED.get(node.store))
+
+    verify_op(plan, changed=this_run_changed, had_state=had_state, planned=did_change or not had_state,
               restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c))
+    commit_op(plan, when=lambda: this_run_changed() or not had_state,
+              possible=did_change or not had_state or node is not None)
     # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
-    lb.ready_op()
+    lb.ready_op(drains=bool(drained))
 
 
 _ROWS: list = []
 _AT_EXIT: list[str] = []
 
 
+@deploy("vLLM plan")
 def plan_report() -> None:
     """Facts and plan only, no operation: one row per host for `vllm-fleet plan`."""
     import atexit
@@ -269,6 +278,7 @@ def _refused(state: Any, host: Any, reason: str) -> bool:
 _STATUS: list[tuple[str, ...]] = []
 
 
+@deploy("vLLM status")
 def smoke_only() -> None:
     """`vllm-fleet status`: what the host says is deployed, its units' state, and a smoke test."""
     import atexit

@@ -21,7 +21,7 @@ def render_units() -> dict[str, str]:
 import json
 from fleet import render
 from fleet.gpus import DriverVersion, Gpu
-from fleet.lab_inventory import lab_vllm
+from fleetlab.inventory import lab_vllm
 from fleet.plan import HostFacts, plan_host
 from fleet.spec import parse_host
 env = {"VLLM_API_KEY": "k"}

@@ -10,9 +10,8 @@ import yaml
 from pyinfra import host
 
 from fleet import render, wheels
-from fleet.plan import BASE_DIRS, CURRENT_LINK, STATE_DIR
+from fleet.plan import BASE_DIRS, CURRENT_LINK, STAGED, STATE_DIR
 from roles.install import FLEET_SRC, HOST_SCRIPTS, HOST_TOOLS
-from roles.service import STAGED
 from roles.vllm import plan_this_host
 
 out = Path(os.environ["VLLM_FLEET_RENDER_DIR"]) / host.name

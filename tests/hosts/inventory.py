@@ -8,8 +8,8 @@ the load balancer's `vllm_lb`).
 import json
 import os
 
-from fleet.lab_inventory import lab_hosts
 from fleet.spec import deep_merge
+from fleetlab.inventory import lab_hosts
 
 _over = json.loads(os.environ.get("VLLM_FLEET_TEST_OVERRIDES", "{}"))
 _replace = _over.pop("__replace__", {})
@@ -24,7 +24,7 @@ def _vllm(name: str, data: dict) -> dict:
     over = _over.get(name, {})
     merged = deep_merge(data["vllm"], over)
     if merged.get("accelerator") == "cuda" and "dtype" not in over.get("flags", {}):
-        # the lab's float16 works around the CPU build's AMX attention kernel (fleet.lab_inventory); a
+        # the lab's float16 works around the CPU build's AMX attention kernel (fleetlab.inventory); a
         # host simulating a GPU plans like a fleet's, with the dtype its compute capability picks
         merged["flags"] = {k: v for k, v in merged["flags"].items() if k != "dtype"}
     return {"vllm": merged}

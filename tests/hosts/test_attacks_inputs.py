@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.lab_inventory import lab_vllm
 from fleet.spec import SpecError, parse_inventory
+from fleetlab.inventory import lab_vllm
 from tests.hosts.conftest import deploy, host_files_digest, on
 
 ATTACKS = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from fleet.lab_inventory import lab_cluster_vllm
+from fleetlab.inventory import lab_cluster_vllm
 from tests.hosts.conftest import deploy, host_files_digest, on, unit_props
 
 NODES = ["lab1", "lab2"]

@@ -126,9 +126,9 @@ def test_memory_preflight_matches_what_vllm_logged_on_the_lab_host(deployed):
     """fleet/sizing.py's CPU estimate for the tiny model against the KV cache vLLM reports at start."""
     import re
 
-    from fleet.lab_inventory import TINY_MODEL, lab_vllm
     from fleet.modelinfo import load
     from fleet.sizing import estimate_cpu
+    from fleetlab.inventory import TINY_MODEL, lab_vllm
 
     spec = lab_vllm(1)
     est = estimate_cpu(load(TINY_MODEL), spec["flags"]["max_model_len"], spec["flags"]["max_num_seqs"],

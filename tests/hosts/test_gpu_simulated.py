@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import lab
+import fleetlab as lab
 from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, host_files_digest, on, unit_props
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"

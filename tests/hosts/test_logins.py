@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import lab
-from fleet.lab_inventory import connection
+import fleetlab as lab
+from fleetlab.inventory import connection
 from tests.hosts.conftest import deploy, host_files_digest, on, unit_props
 
 USERS = ("nosudo", "pwsudo")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab_inventory import TINY_MODEL
+from fleetlab.inventory import TINY_MODEL
 from tests.hosts.conftest import deploy, on
 
 HOST = "lab1"

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from fleet import lab
+import fleetlab as lab
 from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
 
 PROMETHEUS = "/usr/bin/prometheus"

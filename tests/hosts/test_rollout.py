@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet import lab
+import fleetlab as lab
 from fleet.load import Load, summary
 from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
 

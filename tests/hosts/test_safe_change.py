@@ -95,7 +95,7 @@ def test_controller_killed_during_install_leaves_the_old_release_current_and_a_r
     assert proc.stdout is not None
     for line in proc.stdout:
         seen.append(line)
-        if "Starting operation: build release 0.31.0-cpu" in line:
+        if "Starting operation:" in line and "build release 0.31.0-cpu" in line:
             time.sleep(3)
             proc.send_signal(signal.SIGKILL)
             break

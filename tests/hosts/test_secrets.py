@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from fleet import lab
-from fleet.lab_inventory import connection
+import fleetlab as lab
+from fleetlab.inventory import connection
 from tests.hosts.conftest import ROOT, api_get, deploy, on, unit_props
 from tests.rendered_units import render_units
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from fleet.modelinfo import weight_bytes_from_dir
-from fleet.tinymodel import make_tiny_model
+from fleetlab.tinymodel import make_tiny_model
 from roles.facts import HostModel
 
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from fleet import modelinfo, tinymodel
+from fleet import modelinfo
 from fleet.modelinfo import ModelInfoError, from_config, quantization_of, weight_bytes_from_dir
+from fleetlab import tinymodel
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fleet import lab
-from fleet.lab_inventory import connection
+import fleetlab as lab
 from fleet.spec import is_vllm_host, parse_inventory
+from fleetlab.inventory import connection
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 LOGIN_KEYS = ("ssh_user", "_sudo", "ssh_known_hosts_file", "ssh_strict_host_key_checking")

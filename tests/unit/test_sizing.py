@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import sizing, tinymodel
+from fleet import sizing
 from fleet.modelinfo import ModelInfo, from_config
 from fleet.sizing import GiB, estimate, estimate_cpu, estimate_settings, kv_bytes_per_token
+from fleetlab import tinymodel
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
@@ -30,7 +31,7 @@ def info(name: str, *, weights: bool = True) -> ModelInfo:
 
 L8B, L70B = info("Llama-3.1-8B-Instruct"), info("Llama-3.1-70B-Instruct")
 FIXTURE_INFOS = [info(p.stem) for p in sorted(FIXTURES.glob("*.json"))]
-# The project's tiny model (fleet.tinymodel): hidden 128, 4 heads, 2 KV heads, head_dim 32, 2 layers.
+# The project's tiny model (fleetlab.tinymodel): hidden 128, 4 heads, 2 KV heads, head_dim 32, 2 layers.
 TINY = from_config(tinymodel.model_config(vocab_size=500, bos_id=1, eos_id=2, pad_id=3))
 
 

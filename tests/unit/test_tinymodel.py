@@ -13,8 +13,8 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from fleet import tinymodel
-from fleet.tinymodel import make_tiny_model, tensor_shapes
+from fleetlab import tinymodel
+from fleetlab.tinymodel import make_tiny_model, tensor_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 # Head sizes vLLM's CPU attention backend accepts; anything else starts but breaks completions.
@@ -45,7 +45,7 @@ def test_deterministic_across_processes(model_dir: Path, tmp_path: Path) -> None
     # Separate processes: Rust HashMaps in the tokenizer trainer get a fresh random state in each one.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for name in ("a", "b"):
-        subprocess.run([sys.executable, "-m", "fleet.tinymodel", str(tmp_path / name)], check=True,
+        subprocess.run([sys.executable, "-m", "fleetlab.tinymodel", str(tmp_path / name)], check=True,
                        env=env, cwd=tmp_path, capture_output=True)
     assert _hashes(tmp_path / "a") == _hashes(tmp_path / "b") == _hashes(model_dir)
 

@@ -209,5 +209,6 @@ def test_the_host_side_scripts_name_the_planners_paths():
     from fleet import hoststate, plan
 
     assert (hoststate.RELEASES, hoststate.CURRENT, hoststate.MODELS, hoststate.UV, hoststate.STATE_DIR,
-            hoststate.CONFIG_DIR) == (plan.RELEASES_DIR, plan.CURRENT_LINK, plan.MODELS_DIR, plan.UV_PATH,
-                                      plan.FLEET_STATE, plan.CONFIG_DIR)
+            hoststate.CONFIG_DIR, hoststate.WHEELS) == (plan.RELEASES_DIR, plan.CURRENT_LINK, plan.MODELS_DIR,
+                                                        plan.UV_PATH, plan.FLEET_STATE, plan.CONFIG_DIR,
+                                                        plan.HOST_WHEELS)

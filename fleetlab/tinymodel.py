@@ -21,7 +21,7 @@ Design constraints, each learned the hard way
 * Writes are atomic at the directory level: the new tree is built in a temp dir beside DEST and renamed
   into place, and a DEST that already holds the same bytes is left untouched (mtimes included).
 
-Usage: ``python -m fleet.tinymodel DEST [--seed N]``. Float32 weights, about 2 MB in all.
+Usage: ``python -m fleetlab.tinymodel DEST [--seed N]``. Float32 weights, about 2 MB in all.
 """
 
 from __future__ import annotations
@@ -280,8 +280,8 @@ def make_tiny_model(dest: Path, *, seed: int = 0) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry: ``python -m fleet.tinymodel DEST [--seed N]``; prints DEST."""
-    parser = argparse.ArgumentParser(prog="python -m fleet.tinymodel", description=__doc__.splitlines()[0])
+    """CLI entry: ``python -m fleetlab.tinymodel DEST [--seed N]``; prints DEST."""
+    parser = argparse.ArgumentParser(prog="python -m fleetlab.tinymodel", description=__doc__.splitlines()[0])
     parser.add_argument("dest", type=Path, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="RNG seed for the weights (default 0)")
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fleet import lab
+import fleetlab as lab
 
 TINY_MODEL = Path(os.environ.get("VLLM_FLEET_TINY_MODEL", str(lab.CACHE_DIR / "models" / "tiny-llama")))
 

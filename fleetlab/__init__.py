@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_DIR = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
+from fleet.paths import CACHE_DIR  # the product's cache: the lab's root file system and model live there too
+
 LAB_DIR = Path(os.environ.get("VLLM_FLEET_LAB", "/var/lib/vllm-fleet/lab"))
 SUITE = "bookworm"
 MIRROR = os.environ.get("VLLM_FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
