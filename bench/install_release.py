@@ -3,9 +3,9 @@ wheel cache, filled first if empty). Used by bench/install_reuse.py; no config, 
 
 from pyinfra import host
 
-from roles import install
-from roles.facts import VllmHost
-from roles.vllm import plan_without_secrets
+from vllm_fleet.deploy import install
+from vllm_fleet.deploy.facts import VllmHost
+from vllm_fleet.deploy.vllm import plan_without_secrets
 
 plan = plan_without_secrets()
 vh = host.get_fact(VllmHost)

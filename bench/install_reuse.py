@@ -14,7 +14,8 @@ packages.
 At the end the ordinary deploy puts the host back: its normal release, serving, smoke-tested.
 
 Downloads are counted from the controller's own log line ("wheel cache: downloading ..."), printed once
-per release whatever the host count (fleet/wheels.py holds one lock per release), and their bytes from
+per release whatever the host count (vllm_fleet/controller/wheels.py holds one lock per release), and their
+bytes from
 the cache directory they filled; what each host receives is one tar of the wheels its store lacks
 (the deploy logs "wheels for R: sent N of M (K MiB)").
 """
@@ -80,8 +81,8 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     import fleetlab as lab
-    from fleet import wheels
     from fleetlab.inventory import TINY_MODEL
+    from vllm_fleet.controller import wheels
 
     hosts = {h.name: h for h in lab.read_state()}
     if args.host not in hosts:
@@ -171,8 +172,8 @@ def main() -> int:
     print(f"  wheel downloads: {downloads['cold']} in {args.runs} cold run(s) ({cold_wheels} wheels, "
           f"{cold_bytes / gib:.2f} GiB), {downloads['warm']} in {args.runs} warm run(s); per host over the "
           f"LAN to a host with an empty store: {bundle_bytes / gib:.2f} GiB")
-    print("  for N hosts: 1 download per release (one lock per release in fleet/wheels.py), each host sent "
-          "what its store lacks")
+    print("  for N hosts: 1 download per release (one lock per release in vllm_fleet/controller/wheels.py), "
+          "each host sent what its store lacks")
     # no target: a host with nothing on it builds the whole venv either way; the target is the next one
     print(f"  cold / warm (same release, host from nothing):  {ratio:5.2f} x   "
           "(the host's whole build in both: no target)")

@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 INVENTORY = """
 import fleetlab as lab
 from fleetlab.inventory import connection, lab_vllm
-from fleet.spec import deep_merge
+from vllm_fleet.core.spec import deep_merge
 over = {over!r}
 vllm = [(h.name, {{**connection(h), "vllm": deep_merge(lab_vllm(h.index), over)}})
         for h in lab.read_state() if h.role == "vllm"]
@@ -44,7 +44,7 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def one(inv: Path, drain: bool, seqs: int, rate: float, tokens: int) -> tuple[dict, dict, float]:
-    from fleet.load import Load, summary
+    from vllm_fleet.controller.load import Load, summary
 
     over = {"flags": {"host": "0.0.0.0", "shutdown_timeout": 30 if drain else 0}}
     lb = {"port": 8080, "check_interval_s": 1, "drain": drain}

@@ -1,9 +1,10 @@
 """Benchmark every host's local vLLM with `vllm bench serve`, then sweep max-num-batched-tokens on
 transient trial servers; no host is changed: `pyinfra inventories/lab.py deploys/bench.py`.
 
-Settings: host data `vllm_bench` or VLLM_FLEET_BENCH_* (fleet/benchmark.py); the table is printed last.
+Settings: host data `vllm_bench` or VLLM_FLEET_BENCH_* (vllm_fleet/core/benchmark.py); the table is printed
+last.
 """
 
-from roles.bench import bench
+from vllm_fleet.deploy.bench import bench
 
 bench()

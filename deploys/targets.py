@@ -1,6 +1,6 @@
 """Prometheus file_sd targets from the inventory, changing nothing on the hosts:
 `VLLM_FLEET_TARGETS_OUTPUT=FILE pyinfra inventories/lab.py deploys/targets.py` (`vllm-fleet targets`)."""
 
-from roles.targets import targets
+from vllm_fleet.deploy.targets import targets
 
 targets()

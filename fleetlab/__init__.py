@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.paths import CACHE_DIR  # the product's cache: the lab's root file system and model live there too
+from vllm_fleet.controller.paths import (
+    CACHE_DIR,  # the product's cache: the lab's root file system and model live there too
+)
 
 LAB_DIR = Path(os.environ.get("VLLM_FLEET_LAB", "/var/lib/vllm-fleet/lab"))
 SUITE = "bookworm"

@@ -19,17 +19,17 @@ def render_units() -> dict[str, str]:
     """The deploy's own rendering for a CPU lab host and a GPU host (2x H100, GPUs 0 and 1)."""
     code = r"""
 import json
-from fleet import render
-from fleet.gpus import DriverVersion, Gpu
+from vllm_fleet.core import render
+from vllm_fleet.core.gpus import DriverVersion, Gpu
 from fleetlab.inventory import lab_vllm
-from fleet.plan import HostFacts, plan_host
-from fleet.spec import parse_host
+from vllm_fleet.core.plan import HostFacts, plan_host
+from vllm_fleet.core.spec import parse_host
 env = {"VLLM_API_KEY": "k"}
 cpu = plan_host("lab1", parse_host("lab1", lab_vllm(1)), HostFacts(), env)
 gpus = tuple(Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, (9, 0), f"0:{i}", minor=i) for i in range(2))
 g = parse_host("gpu1", {"model": {"name": "m", "host_path": "/opt/vllm/models/m"}})
 gpu = plan_host("gpu1", g, HostFacts(gpus=gpus, driver=DriverVersion.parse("580.105.08")), env)
-from fleet.cluster import resolve
+from vllm_fleet.core.cluster import resolve
 nodes = {n: parse_host(n, {"model": {"name": "m", "host_path": "/opt/vllm/models/m"},
                            "cluster": {"name": "big", "nodes": ["gpu1", "gpu2"], "address": a}})
          for n, a in (("gpu1", "10.0.0.1"), ("gpu2", "10.0.0.2"))}

@@ -1,4 +1,4 @@
-"""fleet.gpus and roles.nvidia_facts on real captured nvidia-smi / kernel outputs.
+"""vllm_fleet.core.gpus and vllm_fleet.deploy.nvidia_facts on real captured nvidia-smi / kernel outputs.
 
 Every GPU here is simulated by a real captured output under tests/fixtures/nvidia/ (sources in its
 INDEX.md); each case names its capture. Expected values were read from the capture by eye and are
@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.gpus import (
+from tests.nvidia_captures import FIXTURES, capture
+from vllm_fleet.core.gpus import (
     DRIVER_UNREACHABLE,
     MIG_ENABLED,
     NO_DEVICES,
@@ -43,8 +44,7 @@ from fleet.gpus import (
     parse_smi_query,
     parse_smi_table,
 )
-from roles.nvidia_facts import NvidiaDriver, NvidiaGpus
-from tests.nvidia_captures import FIXTURES, capture
+from vllm_fleet.deploy.nvidia_facts import NvidiaDriver, NvidiaGpus
 
 # --- nvidia-smi table: driver, CUDA, GPU rows ---------------------------------------------------------
 H100 = "NVIDIA H100 80GB HBM3"

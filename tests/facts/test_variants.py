@@ -1,9 +1,9 @@
-"""fleet.variants: the vLLM build each captured host gets, refusals, overrides and install commands.
+"""vllm_fleet.core.variants: the vLLM build each captured host gets, refusals, overrides and install commands.
 
 Every host here is simulated by a real captured output under tests/fixtures/nvidia/ (sources in its
-INDEX.md), parsed by fleet.gpus; each case names its capture. The expected variants and messages are
+INDEX.md), parsed by vllm_fleet.core.gpus; each case names its capture. The expected variants and messages are
 written literally, worked out by hand from the capture's driver and GPU model and the table in
-fleet/data/variants.toml (cu130 needs driver >= 580.65.06, cu129 >= 525.60.13, both compute
+vllm_fleet/data/variants.toml (cu130 needs driver >= 580.65.06, cu129 >= 525.60.13, both compute
 capability >= 7.5).
 """
 
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.gpus import (
+from tests.nvidia_captures import capture
+from vllm_fleet.core.gpus import (
     DriverVersion,
     Gpu,
     capability_from_name,
@@ -23,7 +24,7 @@ from fleet.gpus import (
     parse_smi_query,
     parse_smi_table,
 )
-from fleet.variants import (
+from vllm_fleet.core.variants import (
     Arch,
     VariantRefusal,
     choose_variant,
@@ -31,7 +32,6 @@ from fleet.variants import (
     load_table,
     parse_table,
 )
-from tests.nvidia_captures import capture
 
 
 def table_host(fixture: str) -> tuple[DriverVersion | None, list[Gpu]]:

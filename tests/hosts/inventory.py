@@ -8,8 +8,8 @@ the load balancer's `vllm_lb`).
 import json
 import os
 
-from fleet.spec import deep_merge
 from fleetlab.inventory import lab_hosts
+from vllm_fleet.core.spec import deep_merge
 
 _over = json.loads(os.environ.get("VLLM_FLEET_TEST_OVERRIDES", "{}"))
 _replace = _over.pop("__replace__", {})

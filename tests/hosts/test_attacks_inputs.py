@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.spec import SpecError, parse_inventory
 from fleetlab.inventory import lab_vllm
 from tests.hosts.conftest import deploy, host_files_digest, on
+from vllm_fleet.core.spec import SpecError, parse_inventory
 
 ATTACKS = [
     ("list items smuggling flags",

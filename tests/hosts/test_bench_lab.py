@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 
-from fleet import render
-from fleet.render import _CONFINING
 from tests.hosts.conftest import deploy, on, unit_props
+from vllm_fleet.core import render
+from vllm_fleet.core.render import _CONFINING
 
 TRIAL = "vllm-bench-trial-default.service"
 

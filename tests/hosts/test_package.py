@@ -51,14 +51,15 @@ def test_the_wheel_holds_the_product_and_not_the_lab(installed):
 
     _, _, wheel = installed
     names = zipfile.ZipFile(wheel).namelist()
-    assert "fleet/templates/vllm.service.j2" in names and "fleet/data/variants.toml" in names
-    assert "fleet/hoststate.py" in names and "fleet/keyguard.py" in names
+    assert "vllm_fleet/templates/vllm.service.j2" in names and "vllm_fleet/data/variants.toml" in names
+    assert "vllm_fleet/host/hoststate.py" in names and "vllm_fleet/host/keyguard.py" in names
+    assert "vllm_fleet/deploy/vllm.py" in names and "vllm_fleet/core/plan.py" in names
     assert not [n for n in names if n.startswith(("fleetlab/", "tests/", "bench/"))], names
 
 
 def test_the_installed_package_plans_the_lab_from_another_directory(installed, deployed):
     venv, work, _ = installed
-    where = run(venv, work, "python", "-c", "import fleet, roles; print(fleet.__file__, roles.__file__)")
+    where = run(venv, work, "python", "-c", "import vllm_fleet; print(vllm_fleet.__file__)")
     assert where.returncode == 0 and str(ROOT) not in where.stdout, where.stdout + where.stderr
     assert "site-packages" in where.stdout
     plan = run(venv, work, "vllm-fleet", "plan", "inventory.py")
@@ -70,7 +71,8 @@ def test_the_installed_package_renders_every_file_of_a_converged_host(installed,
     """--dry without -y renders the serve config, env files and unit from the wheel's templates and
     compares them with the host's: a template or a script missing from the wheel fails here."""
     venv, work, _ = installed
-    dry = run(venv, work, "pyinfra", "--dry", "--limit", "lab1", "inventory.py", "roles.vllm.deploy_vllm")
+    dry = run(venv, work, "pyinfra", "--dry", "--limit", "lab1", "inventory.py",
+              "vllm_fleet.deploy.vllm.deploy_vllm")
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out[-4000:]
     assert "Grand total" in out or "No changes" in out or "lab1" in out, out[-3000:]

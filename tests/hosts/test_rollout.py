@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 import fleetlab as lab
-from fleet.load import Load, summary
 from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
+from vllm_fleet.controller.load import Load, summary
 
 HOSTS = ["lab1", "lab2", "lab3"]
 POLL = ("systemd-run --quiet --collect --unit=rollout-poll sh -c 'for i in $(seq 1 {n}); do "

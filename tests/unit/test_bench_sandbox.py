@@ -1,6 +1,7 @@
 """A bench trial server is the same untrusted vLLM as the serving unit: it gets that unit's sandbox.
 
-The properties are read off the rendered unit (fleet.render.sandbox_properties), so these tests pin that
+The properties are read off the rendered unit (vllm_fleet.core.render.sandbox_properties), so these tests pin
+that
 nothing confining is lost on the way, that the trial's systemd-run carries every one, and that systemd-run
 itself parses each as a transient property (against a throwaway D-Bus: no systemd needed).
 """
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet import render
-from fleet.benchmark import BenchSettings, Trial
-from roles.bench import trial_script
 from tests.unit.test_render import M, make_plan
+from vllm_fleet.core import render
+from vllm_fleet.core.benchmark import BenchSettings, Trial
+from vllm_fleet.deploy.bench import trial_script
 
 DATA = {"model": M, "api_key_env": "FLEET_KEY"}
 

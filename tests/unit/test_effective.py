@@ -1,4 +1,5 @@
-"""fleet/effective.py against a real start-up log: captured from lab1's journal (vLLM 0.32.0, CPU build,
+"""vllm_fleet/host/effective.py against a real start-up log: captured from lab1's journal (vLLM 0.32.0, CPU
+build,
 the tiny model) together with the config file it was started from (tests/fixtures/startup_logs/)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from fleet import effective
+from vllm_fleet.host import effective
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "startup_logs"
 LOG = (FIX / "vllm-0.32.0-cpu-lab1.log").read_text().splitlines()
@@ -81,7 +82,7 @@ def test_non_default_args_with_objects_fall_back_to_text() -> None:
 def test_every_flag_the_lab_test_set_is_confirmed_by_its_real_start_up_log() -> None:
     """lab2's log after tests/hosts/test_deploy.py's changed-flags deploy (booleans off and on, integers,
     an extra_args integer and boolean off), against the config the planner renders for those flags."""
-    from fleet.flags import ServeFlags, render_flags
+    from vllm_fleet.core.flags import ServeFlags, render_flags
 
     log = (FIX / "vllm-0.32.0-cpu-lab2-changed.log").read_text().splitlines()
     flags = ServeFlags(model="/var/lib/vllm/models/tiny-llama", served_model_name="tiny-llama",
@@ -103,14 +104,15 @@ def test_every_flag_the_lab_test_set_is_confirmed_by_its_real_start_up_log() -> 
 
 
 def test_the_deploys_own_remote_command_finds_both_lines(tmp_path: Path) -> None:
-    """roles/smoke.py's command, run by a real sh (as pyinfra's sudo wrapper does: `sh -c '...'`), with
+    """vllm_fleet/deploy/smoke.py's command, run by a real sh (as pyinfra's sudo wrapper does: `sh -c
+    '...'`), with
     systemctl and journalctl replaced by scripts that print lab1's captured journal: both lines must come
     back (a grep pattern in Python's regex dialect once matched only one of them)."""
     import shlex
     import subprocess
 
-    from fleet.plan import InstancePlan
-    from roles.smoke import effective_check, effective_command
+    from vllm_fleet.core.plan import InstancePlan
+    from vllm_fleet.deploy.smoke import effective_check, effective_command
 
     journal = tmp_path / "journal.txt"
     journal.write_text("(APIServer pid=1) INFO 12-03 12:31:00 [api_server.py:1] vLLM API server version\n"
@@ -134,7 +136,7 @@ def test_the_deploys_own_remote_command_finds_both_lines(tmp_path: Path) -> None
     assert sum(1 for line in proc.stdout.splitlines() if "non-default args: " in line) == 1
     assert sum(1 for line in proc.stdout.splitlines() if " with config: " in line) == 1
 
-    import roles.smoke as smoke_role
+    import vllm_fleet.deploy.smoke as smoke_role
 
     def fake_run(command: str) -> tuple[bool, str]:
         p = subprocess.run(["sh", "-c", command.replace("/var/lib/vllm-fleet/staged", str(tmp_path))],

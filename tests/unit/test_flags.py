@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fleet.flags import ServeFlags, accepted_by, render_flags, version_tuple
+from vllm_fleet.core.flags import ServeFlags, accepted_by, render_flags, version_tuple
 
 FAST = settings(max_examples=30, deadline=None)
 

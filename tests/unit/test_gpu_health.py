@@ -1,4 +1,5 @@
-"""GPU health preflight (fleet/gpuhealth.py): nvidia-smi -q and kernel Xid lines -> refusals and warnings,
+"""GPU health preflight (vllm_fleet/core/gpuhealth.py): nvidia-smi -q and kernel Xid lines -> refusals and
+warnings,
 and the plan refusing a new instance on a GPU with errors.
 
 Every capture is real (tests/fixtures/nvidia, INDEX.md says who captured it where); fragments are kept
@@ -13,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from fleet.gpuhealth import HealthReport, parse_smi_health, parse_xids, pci_key, verdict
-from fleet.gpus import Gpu, parse_smi_query
-from fleet.plan import HostFacts, HostPlan, plan_host
-from fleet.spec import SpecError, parse_host
-from roles.nvidia_facts import MARK, NvidiaGpus
 from tests.nvidia_captures import FIXTURES, capture
+from vllm_fleet.core.gpuhealth import HealthReport, parse_smi_health, parse_xids, pci_key, verdict
+from vllm_fleet.core.gpus import Gpu, parse_smi_query
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
+from vllm_fleet.core.spec import SpecError, parse_host
+from vllm_fleet.deploy.nvidia_facts import MARK, NvidiaGpus
 
 HOST = "gpu-31"
 ENV = {"VLLM_API_KEY": "k"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
-from fleet.modelinfo import weight_bytes_from_dir
 from fleetlab.tinymodel import make_tiny_model
-from roles.facts import HostModel
+from vllm_fleet.core.modelinfo import weight_bytes_from_dir
+from vllm_fleet.deploy.facts import HostModel
 
 
 def run(path: str) -> dict:

@@ -19,7 +19,7 @@ import pytest
 @pytest.fixture()
 def hs(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_FLEET_ROOT", str(tmp_path))
-    import fleet.hoststate as mod
+    import vllm_fleet.host.hoststate as mod
 
     mod = importlib.reload(mod)
     for d in ("etc/vllm", "etc/systemd/system", "opt/vllm/releases", "var/lib/vllm-fleet"):
@@ -213,13 +213,13 @@ def test_prune_drops_stored_wheels_only_no_kept_or_pending_release_lists(hs):
 # --- item 6: one lock, one atomic swap ------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "fleet/hoststate.py")
+SCRIPT = str(REPO / "vllm_fleet/host/hoststate.py")
 # a worker that has imported hoststate, says so and waits for a line before it runs: a kill then lands
 # inside the command, not in the interpreter's start-up
-WORKER = ("import sys; sys.path.insert(0, sys.argv[1]); import fleet.hoststate as h; "
+WORKER = ("import sys; sys.path.insert(0, sys.argv[1]); import vllm_fleet.host.hoststate as h; "
           "print('ready', file=sys.stderr, flush=True); sys.stdin.readline(); "
           "sys.stdout = open('/dev/null', 'w'); sys.exit(h.main(sys.argv[2:]))")
-LOOP = ("import sys; sys.path.insert(0, sys.argv[1]); import fleet.hoststate as h\n"
+LOOP = ("import sys; sys.path.insert(0, sys.argv[1]); import vllm_fleet.host.hoststate as h\n"
         "for i in range(int(sys.argv[3])):\n"
         "    h.main(['commit', sys.argv[2]])\n"
         "    if i % 10 == 9:\n"

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from fleet.flags import ServeFlags
-from fleet.spec import ClusterSpec, HostSpec, InstanceSpec, ModelSpec, SpecError, WatchdogSpec, parse_host
+from vllm_fleet.core.flags import ServeFlags
+from vllm_fleet.core.spec import (
+    ClusterSpec,
+    HostSpec,
+    InstanceSpec,
+    ModelSpec,
+    SpecError,
+    WatchdogSpec,
+    parse_host,
+)
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "inventory.md").read_text()
 

@@ -1,4 +1,4 @@
-"""fleet/keyguard.py driven in-process with a tiny ASGI app: what passes, what gets 401, and how."""
+"""vllm_fleet/host/keyguard.py driven in-process with a tiny ASGI app: what passes, what gets 401, and how."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fleet import keyguard
-from fleet.keyguard import KeyGuard, open_paths, route_path
+from vllm_fleet.host import keyguard
+from vllm_fleet.host.keyguard import KeyGuard, open_paths, route_path
 
 KEY = "s3cret-key"
 
@@ -140,8 +140,8 @@ def test_host_file_is_stdlib_only() -> None:
 
 # --- the plan, the inventory and the smoke test's probes -------------------------------------------------
 def _plan(inst: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
-    from fleet.plan import HostFacts, plan_host
-    from fleet.spec import parse_host
+    from vllm_fleet.core.plan import HostFacts, plan_host
+    from vllm_fleet.core.spec import parse_host
 
     data = {"accelerator": "cpu", "model": {"name": "tiny", "hf_repo": "org/tiny"}, **inst}
     return plan_host("h", parse_host("h", data), HostFacts(), {"VLLM_API_KEY": KEY} if environ is None
@@ -165,7 +165,7 @@ def test_an_instance_without_a_key_gets_no_guard() -> None:
                                         (["/metrics"], "'/health' must stay open"),
                                         (["/health", "/v1/completions"], "cannot be opened")])
 def test_open_paths_refuse_what_runs_the_model(paths: list[str], why: str) -> None:
-    from fleet.spec import SpecError
+    from vllm_fleet.core.spec import SpecError
 
     with pytest.raises(SpecError) as e:
         _plan({"open_paths": paths})
@@ -176,7 +176,7 @@ def test_open_paths_refuse_what_runs_the_model(paths: list[str], why: str) -> No
                                    {"extra_args": {"--middleware": ["evil.App"]}},
                                    {"middleware": "evil.App"}])
 def test_the_inventory_cannot_set_or_override_the_middleware(where: dict[str, Any]) -> None:
-    from fleet.spec import SpecError
+    from vllm_fleet.core.spec import SpecError
 
     with pytest.raises(SpecError) as e:
         _plan({"flags": where})
@@ -185,7 +185,7 @@ def test_the_inventory_cannot_set_or_override_the_middleware(where: dict[str, An
 
 @pytest.mark.parametrize("key", ["PYTHONPATH", "VLLM_FLEET_OPEN_PATHS"])
 def test_the_guards_environment_is_reserved(key: str) -> None:
-    from fleet.spec import SpecError
+    from vllm_fleet.core.spec import SpecError
 
     with pytest.raises(SpecError):
         _plan({"env": {key: "/tmp"}})
@@ -201,7 +201,7 @@ ROUTES = [{"kind": "http", "path": "/health", "methods": ["GET"]},
 
 
 def test_probes_cover_every_route_but_the_open_ones_invocations_first() -> None:
-    from fleet.smoke import probes
+    from vllm_fleet.controller.smoke import probes
 
     assert probes(ROUTES, {"/health", "/metrics"}) == [
         ("http", "POST", "/invocations"), ("http", "GET", "/v1/models"),
@@ -229,7 +229,7 @@ def _transport(app: Any) -> Any:
 
 
 def test_guard_check_through_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet.smoke import guard_check
+    from vllm_fleet.controller.smoke import guard_check
 
     monkeypatch.setenv("VLLM_API_KEY", KEY)
     monkeypatch.setenv(keyguard.OPEN_ENV, "/health,/metrics")
@@ -244,7 +244,7 @@ def test_guard_check_through_the_guard(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_an_unguarded_server_gets_nothing_after_invocations() -> None:
-    from fleet.smoke import guard_check
+    from vllm_fleet.controller.smoke import guard_check
 
     seen: list[str] = []
 
@@ -258,7 +258,7 @@ def test_an_unguarded_server_gets_nothing_after_invocations() -> None:
 
 
 def test_the_smoke_table_shows_the_route_count() -> None:
-    from fleet.smoke import Check, SmokeResult, table
+    from vllm_fleet.controller.smoke import Check, SmokeResult, table
 
     r = SmokeResult("h", "default", "tiny", 1, "0.32.0-cpu",
                     [Check("health", True), Check("no-key-401", True, "401 on 40/40 routes")])

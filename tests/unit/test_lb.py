@@ -1,11 +1,11 @@
-"""The load balancer's model (fleet/lb.py) and its haproxy config, without hosts."""
+"""The load balancer's model (vllm_fleet/core/lb.py) and its haproxy config, without hosts."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleet import lb, render
-from fleet.spec import SpecError, parse_inventory
+from vllm_fleet.core import lb, render
+from vllm_fleet.core.spec import SpecError, parse_inventory
 
 M = {"name": "tiny", "path": "/models/tiny"}
 NET = {"model": M, "flags": {"host": "0.0.0.0"}}

@@ -1,4 +1,4 @@
-"""fleet/logs.py: the journal command, splitting its output per instance, the --instance choice. The
+"""vllm_fleet/core/logs.py: the journal command, splitting its output per instance, the --instance choice. The
 command is also run by a real shell against a stand-in journalctl that prints its argv."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from fleet.logs import (
+from vllm_fleet.core.logs import (
     DEFAULT_LINES,
     absent,
     header,
@@ -19,7 +19,7 @@ from fleet.logs import (
     split_output,
     watchdog_unit,
 )
-from roles.logs import Journal
+from vllm_fleet.deploy.logs import Journal
 
 
 def test_each_instance_reads_its_unit_and_its_watchdog_merged() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.metrics import GENERATED, KV_USAGE, RUNNING, STARTED, Live, duration, parse
+from vllm_fleet.host.metrics import GENERATED, KV_USAGE, RUNNING, STARTED, Live, duration, parse
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 

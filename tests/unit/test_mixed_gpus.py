@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.gpus import DriverVersion, Gpu, capability_from_name, parse_smi_list, parse_smi_table
-from fleet.plan import HostFacts, HostPlan, plan_host
-from fleet.spec import SpecError, parse_host
-from fleet.variants import unusable_gpus
 from tests.nvidia_captures import capture
+from vllm_fleet.core.gpus import DriverVersion, Gpu, capability_from_name, parse_smi_list, parse_smi_table
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
+from vllm_fleet.core.spec import SpecError, parse_host
+from vllm_fleet.core.variants import unusable_gpus
 
 HOST = "mix-01"
 ENV = {"VLLM_API_KEY": "k"}

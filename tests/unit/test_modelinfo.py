@@ -1,4 +1,5 @@
-"""fleet.modelinfo: config.json families and safetensors headers, read without touching tensor data."""
+"""vllm_fleet.core.modelinfo: config.json families and safetensors headers, read without touching tensor
+data."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from fleet import modelinfo
-from fleet.modelinfo import ModelInfoError, from_config, quantization_of, weight_bytes_from_dir
 from fleetlab import tinymodel
+from vllm_fleet.core import modelinfo
+from vllm_fleet.core.modelinfo import ModelInfoError, from_config, quantization_of, weight_bytes_from_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fleet.gpus import Gpu
-from fleet.plan import (
+from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.plan import (
     HostFacts,
     HostPlan,
     choose_dtype,
@@ -17,7 +17,7 @@ from fleet.plan import (
     model_version_dir,
     plan_host,
 )
-from fleet.spec import SpecError, parse_host
+from vllm_fleet.core.spec import SpecError, parse_host
 
 HOST = "gpu-07"
 KEY = "sk-fleet-test-7c1e0f9a"
@@ -414,7 +414,7 @@ def test_shutdown_timeout_carried() -> None:
 
 # --- facts and variants ---------------------------------------------------------------------------------
 def test_blocking_nvidia_problem_refuses_a_cuda_host() -> None:
-    from fleet.gpus import NvidiaProblem
+    from vllm_fleet.core.gpus import NvidiaProblem
 
     lines = refused({"model": M}, HostFacts(nvidia_problem=NvidiaProblem("no_driver")))
     assert len(lines) == 1
@@ -422,7 +422,7 @@ def test_blocking_nvidia_problem_refuses_a_cuda_host() -> None:
 
 
 def test_nvidia_problem_ignored_on_cpu_host() -> None:
-    from fleet.gpus import NvidiaProblem
+    from vllm_fleet.core.gpus import NvidiaProblem
 
     p = plan({"model": M, "accelerator": "cpu"}, HostFacts(nvidia_problem=NvidiaProblem("no_driver")))
     assert p.variant == "cpu"
@@ -460,7 +460,7 @@ def test_variant_chosen_for_the_gpus_the_instances_use() -> None:
 
 
 def test_loaded_driver_without_nvidia_smi_refused_naming_the_package() -> None:
-    from fleet.gpus import NO_NVIDIA_SMI, NvidiaProblem
+    from vllm_fleet.core.gpus import NO_NVIDIA_SMI, NvidiaProblem
 
     lines = refused({"model": M}, HostFacts(nvidia_problem=NvidiaProblem(NO_NVIDIA_SMI, "525.60.11")))
     assert len(lines) == 1

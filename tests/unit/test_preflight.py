@@ -1,7 +1,8 @@
 """The memory preflight as the planner applies it: an instance that would OOM is refused on the controller,
 and its ways out are only what this host and model allow.
 
-Hosts are real captures (tests/fixtures/nvidia, INDEX.md): their driver and GPUs parsed by fleet.gpus, the
+Hosts are real captures (tests/fixtures/nvidia, INDEX.md): their driver and GPUs parsed by
+vllm_fleet.core.gpus, the
 variant chosen from the real table. Models are the published configs of tests/fixtures/model_configs.
 """
 
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.gpus import DriverVersion, Gpu, parse_smi_table
-from fleet.plan import HostFacts, HostPlan, plan_host
-from fleet.spec import SpecError, parse_host
 from tests.nvidia_captures import capture
+from vllm_fleet.core.gpus import DriverVersion, Gpu, parse_smi_table
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
+from vllm_fleet.core.spec import SpecError, parse_host
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 ENV = {"VLLM_API_KEY": "k"}
@@ -57,7 +58,8 @@ def refusal(*args: object) -> str:
 
 
 def test_70b_on_one_h100_says_more_gpus_not_a_tp_the_host_lacks() -> None:
-    """Llama-3.1-70B at 8192 tokens needs TP 2 (fleet/sizing: 70.2 of 71.7 GiB); the one-GPU host of the
+    """Llama-3.1-70B at 8192 tokens needs TP 2 (vllm_fleet/core/sizing.py: 70.2 of 71.7 GiB); the one-GPU
+    host of the
     capture cannot give that, so the advice is another host, never `tensor_parallel_size 2`."""
     line = refusal({"flags": {"max_model_len": 8192}}, host(H100_X1), "Llama-3.1-70B-Instruct")
     assert line.startswith("gpu-01: vllm.instances[default]: needs ")

@@ -1,4 +1,5 @@
-"""fleet/prometheus.py: plans -> Prometheus file_sd groups, and the atomic write of roles/targets.py.
+"""vllm_fleet/core/prometheus.py: plans -> Prometheus file_sd groups, and the atomic write of
+vllm_fleet/deploy/targets.py.
 The lab test tests/hosts/test_prometheus.py has a real Prometheus scrape the generated file."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ import json
 import stat
 from typing import Any
 
-from fleet.cluster import NodeRole
-from fleet.plan import HostFacts, HostPlan, plan_host
-from fleet.prometheus import file_sd, render, scrape_address, summary
-from fleet.spec import parse_host
+from vllm_fleet.core.cluster import NodeRole
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
+from vllm_fleet.core.prometheus import file_sd, render, scrape_address, summary
+from vllm_fleet.core.spec import parse_host
 
 ENV = {"VLLM_API_KEY": "sk-prom-test"}
 
@@ -91,7 +92,7 @@ def test_the_file_is_stable_valid_file_sd_and_the_summary_is_one_line() -> None:
 
 
 def test_write_atomically_replaces_the_file_readable_by_prometheus_and_leaves_no_temp(tmp_path) -> None:
-    from roles.targets import write_atomically
+    from vllm_fleet.deploy.targets import write_atomically
 
     out = tmp_path / "vllm.json"
     out.write_text("old")

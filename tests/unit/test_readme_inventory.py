@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import fleetlab as lab
-from fleet.spec import is_vllm_host, parse_inventory
 from fleetlab.inventory import connection
+from vllm_fleet.core.spec import is_vllm_host, parse_inventory
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 LOGIN_KEYS = ("ssh_user", "_sudo", "ssh_known_hosts_file", "ssh_strict_host_key_checking")

@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import render
-from fleet.gpus import Gpu
-from fleet.plan import HostFacts, HostPlan, plan_host
-from fleet.spec import parse_host
+from vllm_fleet.core import render
+from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
+from vllm_fleet.core.spec import parse_host
 
 HOST = "gpu-07"
 KEY = "sk-fleet-render-3b9d2e71"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.rollout import HostOutcome, RolloutResult, waves
+from vllm_fleet.controller.rollout import HostOutcome, RolloutResult, waves
 
 HOSTS = ["h1", "h2", "h3", "h4", "h5", "h6", "h7"]
 
@@ -50,7 +50,7 @@ def test_the_table_names_hosts_per_outcome_and_the_stop():
 
 
 def test_inventory_order_is_read_by_pyinfra_itself(tmp_path):
-    from fleet.rollout import inventory_hosts
+    from vllm_fleet.controller.rollout import inventory_hosts
 
     inv = tmp_path / "inv.py"
     inv.write_text('web = [("c-host", {"vllm": {}}), ("a-host", {"vllm": {"x": 1}})]\n'
@@ -63,7 +63,7 @@ def test_inventory_order_is_read_by_pyinfra_itself(tmp_path):
 
 def test_hosts_without_vllm_data_are_skipped_and_named(tmp_path):
     """A mixed inventory: the database and the load balancer are not rolled out, and are named."""
-    from fleet.rollout import inventory_hosts
+    from vllm_fleet.controller.rollout import inventory_hosts
 
     inv = tmp_path / "inv.py"
     inv.write_text('db = [("db-01", {"ssh_user": "deploy"})]\nlb = ["lb-01"]\n'

@@ -1,4 +1,5 @@
-"""fleet.sizing: the memory preflight. Expected values are worked out by hand in the comments, never by
+"""vllm_fleet.core.sizing: the memory preflight. Expected values are worked out by hand in the comments,
+never by
 calling the code under test; GPU sizes are nvidia-smi's memory.total from tests/fixtures/nvidia."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import sizing
-from fleet.modelinfo import ModelInfo, from_config
-from fleet.sizing import GiB, estimate, estimate_cpu, estimate_settings, kv_bytes_per_token
 from fleetlab import tinymodel
+from vllm_fleet.core import sizing
+from vllm_fleet.core.modelinfo import ModelInfo, from_config
+from vllm_fleet.core.sizing import GiB, estimate, estimate_cpu, estimate_settings, kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"

@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 import pytest
 from bad_inventories import ACCEPTED_BUT_BAD, BAD_HOSTS, M
 
-from fleet.spec import (
+from vllm_fleet.core.spec import (
     HostSpec,
     SpecError,
     deep_merge,

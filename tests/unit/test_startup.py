@@ -1,4 +1,4 @@
-"""fleet.startup: the refusals vLLM makes at start-up, decided at plan time.
+"""vllm_fleet.core.startup: the refusals vLLM makes at start-up, decided at plan time.
 
 Where the inputs come from:
 * Models: tests/fixtures/model_configs/*.json (published config.json files, each names its source). Where
@@ -7,7 +7,7 @@ Where the inputs come from:
 * GPUs: parsed from the real nvidia-smi captures of tests/fixtures/nvidia (INDEX.md gives their sources).
 * Host ports: ``ss -ltnp`` as printed on this project's dev machine (the VllmHost fact's own command, run
   there), plus vllm units in the cgroup v2 form systemd writes (see test_vllm_host_fact.py).
-* What vLLM says: the messages are vLLM 0.32.0's (quoted in fleet/startup.py and
+* What vLLM says: the messages are vLLM 0.32.0's (quoted in vllm_fleet/core/startup.py and
   docs/startup-refusals.md); the cases marked "observed" were run against the vLLM 0.32.0 CPU build.
 """
 
@@ -19,17 +19,17 @@ from typing import Any, get_args
 
 import pytest
 
-from fleet.flags import ServeFlags, render_flags
-from fleet.gpus import Gpu, parse_query_csv, parse_smi_table
-from fleet.startup import (
+from tests.nvidia_captures import capture
+from vllm_fleet.core.flags import ServeFlags, render_flags
+from vllm_fleet.core.gpus import Gpu, parse_query_csv, parse_smi_table
+from vllm_fleet.core.startup import (
     HostPorts,
     Listener,
     context_length,
     quant_table,
     startup_refusals,
 )
-from roles.facts import VllmHost
-from tests.nvidia_captures import capture
+from vllm_fleet.deploy.facts import VllmHost
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 HOST, INST = "gpu-07", "chat"

@@ -20,7 +20,7 @@ import httpx
 import paramiko
 import pytest
 
-from roles.tunnel import URL, StreamTransport, tunnel
+from vllm_fleet.deploy.tunnel import URL, StreamTransport, tunnel
 
 KEY = "sk-tunnel-test"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 
-from roles.facts import VllmHost
+from vllm_fleet.deploy.facts import VllmHost
 
 CAPTURED_LAB1 = """\
 ## releases
@@ -68,7 +68,7 @@ def test_the_command_is_valid_shell_and_a_host_without_units_has_no_states():
     assert found["units"] == [] and found["unit_states"] == {}
 
 
-# --- ports: what fleet.startup needs to tell whether vLLM can bind its port ------------------------------
+# --- ports: what vllm_fleet.core.startup needs to tell whether vLLM can bind its port
 # The new sections as this fact's command printed them on the project's dev machine (cgroup v1, a
 # python3 http.server started for the capture, a listener whose process ss cannot show); ss pads its
 # columns with trailing blanks, trimmed here.
@@ -138,7 +138,7 @@ def test_ports_unknown_without_ss_or_on_an_older_fact() -> None:
 
 
 def test_host_ports_from_the_fact() -> None:
-    from fleet.startup import HostPorts, Listener
+    from vllm_fleet.core.startup import HostPorts, Listener
 
     fact = VllmHost().process((CAPTURED_LAB1 + SYSTEMD_PORTS).splitlines())
     ports = HostPorts.from_fact(fact)
@@ -206,7 +206,8 @@ def test_uv_version_is_read_from_its_own_output_and_absent_is_none():
 
 def test_the_host_side_scripts_name_the_planners_paths():
     """hoststate.py imports nothing of ours (stdlib only on the host): its copies must stay equal."""
-    from fleet import hoststate, plan
+    from vllm_fleet.core import plan
+    from vllm_fleet.host import hoststate
 
     assert (hoststate.RELEASES, hoststate.CURRENT, hoststate.MODELS, hoststate.UV, hoststate.STATE_DIR,
             hoststate.CONFIG_DIR, hoststate.WHEELS) == (plan.RELEASES_DIR, plan.CURRENT_LINK, plan.MODELS_DIR,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import render
-from fleet.plan import HostFacts, plan_host
-from fleet.spec import SpecError, parse_host
-from fleet.watchdog import RESTART, State, Unit, decide, serve_target
 from fleetlab.inventory import lab_vllm
+from vllm_fleet.core import render
+from vllm_fleet.core.plan import HostFacts, plan_host
+from vllm_fleet.core.spec import SpecError, parse_host
+from vllm_fleet.host.watchdog import RESTART, State, Unit, decide, serve_target
 
 UNIT = Unit("inv-1", active=True, started=1000.0)
 KEY = "key-that-must-stay-in-the-env-file"
@@ -140,7 +140,7 @@ def test_a_broken_or_hostile_answer_is_a_failed_probe_not_a_crash():
     import socket
     import threading
 
-    from fleet.watchdog import probe
+    from vllm_fleet.host.watchdog import probe
 
     answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]", b"garbage\r\n\r\n",
                b"HTTP/1.1 302 Found\r\nLocation: http://example.invalid/\r\nContent-Length: 0\r\n\r\n"]
@@ -165,8 +165,8 @@ def test_a_broken_or_hostile_answer_is_a_failed_probe_not_a_crash():
 
 
 def test_the_probe_may_reach_loopback_and_the_hosts_own_addresses_only():
-    from fleet.plan import watchdog_of
-    from fleet.spec import InstanceSpec
+    from vllm_fleet.core.plan import watchdog_of
+    from vllm_fleet.core.spec import InstanceSpec
 
     inst = InstanceSpec.model_validate({"model": {"name": "m", "path": "/m"}})
     w = watchdog_of(inst, 600, "vllm-node.example", {"10.0.0.7": "eth0", "127.0.0.1": "lo"}, None)

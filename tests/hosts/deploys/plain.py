@@ -5,7 +5,7 @@ host's own login and sudo."""
 from pyinfra import host
 from pyinfra.operations import files
 
-from fleet.spec import is_vllm_host
+from vllm_fleet.core.spec import is_vllm_host
 
 if not is_vllm_host(host.data.get("vllm")):
     files.line(name="database role marker", path="/etc/lab-role", line="role=database")

@@ -1,0 +1,222 @@
+"""`vllm-fleet` command line: thin dispatch onto the modules that do the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _dev(module: str):
+    """The lab and the tiny model are the checkout's dev part (fleetlab/), never in the wheel: found
+    beside this package in a checkout, or a clear message from an installed copy."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if (root / "fleetlab").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "fleetlab":
+            raise SystemExit("vllm-fleet: the lab and the tiny model come with the source checkout "
+                             "(fleetlab/), not with an installed vllm-fleet") from None
+        raise
+
+
+def _lab(args: argparse.Namespace) -> int:
+    lab = _dev("fleetlab")
+
+    try:
+        if args.lab_cmd == "up":
+            lab.up(args.count, plain=args.plain)
+        elif args.lab_cmd == "down":
+            lab.down()
+        elif args.lab_cmd == "rootfs":
+            lab.preflight()
+            lab.build_rootfs()
+        elif args.lab_cmd == "halt":
+            lab.halt(lab.LabHost(int(args.name.removeprefix("lab"))))
+    except lab.LabError as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _pyinfra(inventory: str, deploy: str, extra: list[str], yes: bool = True) -> int:
+    """Our commands are pyinfra runs: same connection settings, same inventory, no second SSH layer.
+    deploy: the @deploy function, as pyinfra's CLI names one (module.function), so an installed
+    vllm-fleet needs no deploy file, and relative paths mean what they mean in the caller's directory."""
+    import subprocess
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "pyinfra"
+    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, inventory, deploy]).returncode
+
+
+def _plan(args: argparse.Namespace) -> int:
+    rc = _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.plan_report", _limit_args(args.limit))
+    if rc or not args.diff:
+        return rc
+    # the deploy itself under --dry --diff (without -y, which skips pyinfra's change detection): the
+    # diff shown is the one a deploy would apply, secrets hidden, and the hosts are left as they were
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.deploy_vllm",
+                    ["--dry", "--diff", *_limit_args(args.limit)], yes=False)
+
+
+def _rollout(args: argparse.Namespace, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm") -> int:
+    from vllm_fleet.controller import rollout
+
+    try:
+        result = rollout.run(args.inventory, deploy=deploy, canary=args.canary, wave=args.wave,
+                             max_unavailable=args.max_unavailable, limit=args.limit)
+    except (ValueError, RuntimeError) as e:
+        print(f"{args.cmd}: {e}", file=sys.stderr)
+        return 2
+    print("\n" + result.table())
+    return 0 if result.ok else 1
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    return _rollout(args, deploy="vllm_fleet.deploy.rollback.rollback")
+
+
+def _status(args: argparse.Namespace) -> int:
+    """With --watch, the whole status again every N seconds (each round is a fresh read-only run, so
+    what it shows is never older than one round) until interrupted."""
+    if not args.watch:
+        return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", _limit_args(args.limit))
+    import time
+
+    try:
+        while True:
+            started = time.strftime("%Y-%m-%d %H:%M:%S")
+            print("\033[2J\033[H", end="")  # clear the terminal, cursor home
+            print(f"vllm-fleet status {args.inventory}, every {args.watch} s (Ctrl-C stops); at {started}")
+            _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", _limit_args(args.limit))
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _limit_args(limit: str | None) -> list[str]:
+    """One --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing."""
+    return [arg for name in (limit or "").split(",") if name.strip() for arg in ("--limit", name.strip())]
+
+
+def _targets(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from vllm_fleet.core.prometheus import OUTPUT_ENV
+
+    out = Path(args.output).resolve()  # pyinfra runs in the checkout, not where the operator is
+    if not out.parent.is_dir():
+        print(f"targets: {out.parent} is not a directory", file=sys.stderr)
+        return 2
+    os.environ[OUTPUT_ENV] = str(out)
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.targets.targets", _limit_args(args.limit))
+
+
+def _logs(args: argparse.Namespace) -> int:
+    import os
+
+    from vllm_fleet.core.logs import INSTANCE_ENV, LINES_ENV
+
+    os.environ[LINES_ENV] = str(args.lines)
+    if args.instance:
+        os.environ[INSTANCE_ENV] = args.instance
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.logs.show_logs", _limit_args(args.limit))
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return n
+
+
+def _model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    tiny_model = _dev("fleetlab.inventory").TINY_MODEL
+    make_tiny_model = _dev("fleetlab.tinymodel").make_tiny_model
+    dest = make_tiny_model(Path(args.dest) if args.dest else tiny_model)
+    print(dest)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    lab_p = sub.add_parser("lab", help="local systemd hosts for the demo and the tests")
+    lab_sub = lab_p.add_subparsers(dest="lab_cmd", required=True)
+    up = lab_sub.add_parser("up", help="boot N lab hosts (idempotent)")
+    up.add_argument("count", type=int, nargs="?", default=2, help="vLLM hosts: lab1 up")
+    up.add_argument("--plain", type=int, default=0,
+                    help="hosts without vLLM in the same inventory (lab8 down), as a fleet's database is")
+    lab_sub.add_parser("down", help="remove every lab host and what it made")
+    lab_sub.add_parser("rootfs", help="build the cached root file system only")
+    halt = lab_sub.add_parser("halt", help="power a lab host off, keeping its disk")
+    halt.add_argument("name")
+    lab_p.set_defaults(func=_lab)
+
+    plan_p = sub.add_parser("plan", help="per host: GPUs, driver, variant and why, TP, dtype "
+                                         "(changes nothing)")
+    plan_p.add_argument("inventory")
+    plan_p.add_argument("--limit")
+    plan_p.add_argument("--diff", action="store_true",
+                        help="then each file a deploy would change, as a diff (needs the deploy's secrets)")
+    plan_p.set_defaults(func=_plan)
+
+    for name, func, helptext, canary in (
+        ("rollout", _rollout, "canary, then waves; stops at the first failure", 1),
+        ("rollback", _rollback, "roll hosts back one step, wave by wave", 0),
+    ):
+        r = sub.add_parser(name, help=helptext)
+        r.add_argument("inventory")
+        r.add_argument("--canary", type=int, default=canary,
+                       help=f"hosts in the first wave (default {canary})")
+        r.add_argument("--wave", default="1", help="hosts per later wave: N or P%% of the fleet (default 1)")
+        r.add_argument("--max-unavailable", type=int, help="never more hosts changing at once than this")
+        r.add_argument("--limit", help="comma-separated hosts, in inventory order")
+        r.set_defaults(func=func)
+    st = sub.add_parser("status", help="per host: release, config, service state, smoke test (read only)")
+    st.add_argument("inventory")
+    st.add_argument("--limit", help="comma-separated hosts")
+    st.add_argument("--watch", type=_positive, nargs="?", const=10, metavar="SECONDS",
+                    help="refresh every SECONDS (default 10) until Ctrl-C")
+    st.set_defaults(func=_status)
+
+    from vllm_fleet.core.logs import DEFAULT_LINES
+    from vllm_fleet.core.prometheus import DEFAULT_OUTPUT
+
+    tg = sub.add_parser("targets", help="Prometheus file_sd targets of every network-reachable instance "
+                                        "(read only)")
+    tg.add_argument("inventory")
+    tg.add_argument("--limit", help="comma-separated hosts")
+    tg.add_argument("--output", default=DEFAULT_OUTPUT,
+                    help=f"file_sd JSON file, replaced atomically (default ./{DEFAULT_OUTPUT})")
+    tg.set_defaults(func=_targets)
+
+    lg = sub.add_parser("logs", help="per host and instance: the journal's last lines (read only)")
+    lg.add_argument("inventory")
+    lg.add_argument("--limit", help="comma-separated hosts")
+    lg.add_argument("--instance", help="only this instance (default: every instance of the host)")
+    lg.add_argument("--lines", type=_positive, default=DEFAULT_LINES,
+                    help=f"lines per instance (default {DEFAULT_LINES})")
+    lg.set_defaults(func=_logs)
+
+    model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
+    model_sub = model_p.add_subparsers(dest="model_cmd", required=True)
+    tiny = model_sub.add_parser("tiny", help="write the tiny Llama test model")
+    tiny.add_argument("dest", nargs="?")
+    model_p.set_defaults(func=_model)
+
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

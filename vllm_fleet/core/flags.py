@@ -1,0 +1,255 @@
+"""`ServeFlags`: the one definition of every `vllm serve` flag this toolkit renders.
+
+Each field carries its type and bounds (pydantic), its starting value from the user's reference documents
+(shared seeds: gpu-memory-utilization 0.90, max-num-seqs 256, block-size 16, port 8000, host 127.0.0.1,
+trust-remote-code off, enforce-eager off), and the vLLM versions that accept it (`since` / `removed`).
+A value of None means "not set here": the planner derives it (dtype, tensor-parallel-size) or leaves
+vLLM's own default in force (prefix caching and chunked prefill are on by default in the V1 engine).
+
+Rendering goes through `render_flags()` only, so a flag the installed vLLM no longer has can never
+reach a config file: `--swap-space` (removed in 0.18) is refused at validation with the alternatives.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+
+def did_you_mean(given: object, options: Sequence[str], n: int = 3) -> str:
+    """"; did you mean a, b?" for the names closest to a misspelt one, or "" when none is close: every
+    refusal of an unknown key or flag says it the same way."""
+    close = difflib.get_close_matches(str(given), list(options), n=n, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+Scalar = str | int | float | bool
+T = TypeVar("T")
+
+
+def _tuple_as_list(v: Any) -> Any:
+    """Strict mode takes only lists for a list, but `gpus=(0, 1)` is as natural in Python as `[0, 1]`;
+    a tuple is accepted for list fields alone, and stored as a list so later code sees one type."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+# A list field: a list or a tuple, each item strictly a T.
+Seq = Annotated[list[T], BeforeValidator(_tuple_as_list)]
+
+
+def _meta(since: str = "0.8.0", removed: str | None = None, platforms: tuple[str, ...] = ("cuda", "cpu"),
+          planner: bool = False, negatable: bool = True):
+    """negatable: vLLM has `--no-<flag>` for it (a BooleanOptionalAction), so "off" can be said."""
+    return {"since": since, "removed": removed, "platforms": list(platforms), "planner": planner,
+            "negatable": negatable}
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """'0.32.0+cpu' -> (0, 32, 0); enough for comparing vLLM releases."""
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+# The drain a restart gives in-flight requests: vLLM waits up to this long on SIGTERM, and the unit's
+# TimeoutStopSec is this + 30 s. vLLM's own default (0) aborts them.
+SHUTDOWN_TIMEOUT_S = 30
+
+
+class ServeFlags(BaseModel):
+    """Flags of one vLLM instance, as the operator may set them in the inventory (snake_case keys)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+
+    # Filled by the planner from the instance's model spec, never by hand.
+    model: str | None = Field(None, json_schema_extra=_meta())
+    served_model_name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", json_schema_extra=_meta()
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, json_schema_extra=_meta())
+    quantization: Literal["awq", "gptq", "fp8", "compressed-tensors", "awq_marlin",
+                          "gptq_marlin", "modelopt", "mxfp4"] | None = Field(
+        None, json_schema_extra=_meta())
+    trust_remote_code: bool = Field(False, json_schema_extra=_meta())
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, json_schema_extra=_meta(platforms=("cuda",)))
+    max_model_len: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
+    max_num_seqs: int = Field(256, ge=1, le=65_536, json_schema_extra=_meta())
+    max_num_batched_tokens: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
+    # The seeds' 16 suits CUDA; vLLM's CPU backend wants multiples of 32 (its default is 128), so on CPU
+    # hosts the planner leaves it unset unless the inventory sets it.
+    block_size: Literal[8, 16, 32, 64, 128, 256] | None = Field(None, json_schema_extra=_meta())
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, json_schema_extra=_meta())
+    pipeline_parallel_size: int = Field(1, ge=1, le=64, json_schema_extra=_meta())
+    enable_prefix_caching: bool | None = Field(None, json_schema_extra=_meta())
+    enable_chunked_prefill: bool | None = Field(None, json_schema_extra=_meta())
+    enforce_eager: bool = Field(False, json_schema_extra=_meta())
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
+        None, json_schema_extra=_meta())
+    host: str = Field("127.0.0.1", json_schema_extra=_meta())
+    port: int = Field(8000, ge=1, le=65_535, json_schema_extra=_meta())
+    # seconds vLLM lets in-flight requests finish on SIGTERM (vLLM's own 0 aborts them)
+    shutdown_timeout: int | None = Field(SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
+                                         json_schema_extra=_meta(since="0.11.0"))
+    distributed_executor_backend: Literal["mp", "uni", "ray", "external_launcher"] | None = Field(
+        None, json_schema_extra=_meta())
+    # Set by the planner from `vllm.cluster` (a model spanning nodes), never by hand: vLLM's own
+    # multi-node mode for the mp executor (vLLM PR #23691, Oct 2025; read in 0.32.0's ParallelConfig).
+    nnodes: int | None = Field(None, ge=2, le=1024, json_schema_extra=_meta(since="0.12.0", planner=True))
+    node_rank: int | None = Field(None, ge=0, le=1023, json_schema_extra=_meta(since="0.12.0", planner=True))
+    master_addr: str | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True))
+    master_port: int | None = Field(None, ge=1, le=65_535,
+                                    json_schema_extra=_meta(since="0.12.0", planner=True))
+    headless: bool | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True,
+                                                                negatable=False))
+    # Checked pass-through for flags without a typed field: long names only, values scalar, validated by
+    # the installed vLLM's own parser on the host before any restart.
+    extra_args: dict[str, Scalar | Seq[Scalar]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """Refuse unknown and removed keys with the closest valid names, before pydantic's own message."""
+        if not isinstance(data, dict):
+            return data
+        normalised: dict[str, Any] = {}
+        for k, v in data.items():
+            key = str(k).replace("-", "_")
+            if key in normalised:
+                raise ValueError(f"@{key}: given twice (as {k!r} and in another spelling)")
+            normalised[key] = v
+        data = normalised
+        for key in data:
+            if key in REMOVED_FLAGS:
+                raise ValueError(f"@{key}: {REMOVED_FLAGS[key]}")
+            if key in SECRET_FLAGS:
+                raise ValueError(f"@{key}: {SECRET_FLAGS[key]}")
+            if key not in cls.model_fields:
+                raise ValueError(f"@{key}: not a known serve flag{did_you_mean(key, cls.model_fields)} "
+                                 "(others go in extra_args)")
+            extra = cls.model_fields[key].json_schema_extra
+            if isinstance(extra, dict) and extra.get("planner"):
+                raise ValueError(f"@{key}: set by vllm-fleet from vllm.cluster (the node's rank and the "
+                                 "head's address); describe the node group there instead")
+        return data
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            if not re.fullmatch(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+                                r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", v):
+                raise ValueError(f"{v!r} is neither an IP address nor a host name") from None
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        typed = {f.replace("_", "-") for f in cls.model_fields}
+        for name in v:
+            flag = name.removeprefix("--").replace("_", "-")
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", flag):
+                raise ValueError(f"@{name}: not a long flag name")
+            if flag.removeprefix("no-") in typed and flag.removeprefix("no-") != flag:
+                base = flag.removeprefix("no-")
+                raise ValueError(f"@{name}: turns off {base}, which has a typed field: set "
+                                 f"{base.replace('-', '_')}: False instead")
+            flag = flag.removeprefix("no-")
+            if flag in typed:
+                raise ValueError(f"@{name}: has a typed field, set {flag.replace('-', '_')} instead")
+            if flag.replace("-", "_") in REMOVED_FLAGS:
+                raise ValueError(f"@{name}: {REMOVED_FLAGS[flag.replace('-', '_')]}")
+            if flag.replace("-", "_") in SECRET_FLAGS:
+                raise ValueError(f"@{name}: {SECRET_FLAGS[flag.replace('-', '_')]}")
+            items = v[name] if isinstance(v[name], list) else [v[name]]
+            dashed = [i for i in items if isinstance(i, str) and i.startswith("-")]
+            if dashed:
+                raise ValueError(f"@{name}: {dashed[0]!r} starts with '-': vLLM's config loader splices "
+                                 "values into its argv, so it would be read as a flag of its own; give each "
+                                 "flag its own key")
+        return {n.removeprefix("--").replace("_", "-"): val for n, val in v.items()}
+
+    @model_validator(mode="after")
+    def _seed_rules(self) -> ServeFlags:
+        """The first seed document's rule: a batch budget below the context needs chunked prefill."""
+        if (
+            self.max_num_batched_tokens is not None
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+            and self.enable_chunked_prefill is False
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
+                f"({self.max_model_len}) with enable_chunked_prefill off: a full-length prompt could never "
+                "be scheduled; raise max_num_batched_tokens or turn chunked prefill on"
+            )
+        return self
+
+
+REMOVED_FLAGS = {
+    "swap_space": "removed in vLLM 0.18 (no replacement flag); delete it from the inventory. For CPU "
+                  "offload see kv-offloading-size or cpu-offload-gb in extra_args",
+}
+SECRET_FLAGS = {
+    "api_key": "a key is never written into the inventory: name the controller environment variable "
+               "that holds it with api_key_env (default VLLM_API_KEY)",
+    "hf_token": "a token is never written into the inventory: name the controller environment variable "
+                "with hf_token_env",
+    # the plan's key guard (vllm_fleet/host/keyguard.py) is the one middleware: another could run outside it
+    "middleware": "set by vllm-fleet (its key guard, for an instance with an API key); open paths "
+                  "without the key with open_paths",
+    # a second server on the port that neither vLLM's key check nor the key guard covers
+    "grpc": "serves vLLM's gRPC frontend, which checks no API key: not offered by vllm-fleet",
+    "grpc_port": "serves vLLM's gRPC frontend, which checks no API key: not offered by vllm-fleet",
+}
+
+
+def flag_meta(name: str) -> dict[str, Any]:
+    extra = ServeFlags.model_fields[name].json_schema_extra
+    assert isinstance(extra, dict)
+    return extra
+
+
+def accepted_by(name: str, vllm_version: str, platform: str) -> bool:
+    meta = flag_meta(name)
+    v = version_tuple(vllm_version)
+    if v < version_tuple(meta["since"]):
+        return False
+    if meta["removed"] and v >= version_tuple(meta["removed"]):
+        return False
+    return platform in meta["platforms"]
+
+
+def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[str, Scalar | list[Scalar]]:
+    """Kebab-case keys for `vllm serve --config`, in a stable order, without unset or unaccepted flags.
+
+    "Off" is written `no-<flag>: true`: vLLM's config loader turns `<flag>: false` into `--no-<flag>`
+    only when its top-level parser has that option, and only the `serve` subparser has it, so a plain
+    `false` was dropped and vLLM's own default (prefix caching on) stayed in force. A typed flag without
+    a `--no-` form (headless) is off by leaving it out; for an extra_args flag the installed vLLM
+    decides, and the host check refuses `no-<flag>` where it has no such option (leave it out then).
+    """
+    out: dict[str, Scalar | list[Scalar]] = {}
+    for name in ServeFlags.model_fields:
+        if name == "extra_args":
+            continue
+        value = getattr(flags, name)
+        if value is None or not accepted_by(name, vllm_version, platform):
+            continue
+        _put(out, name.replace("_", "-"), value, flag_meta(name)["negatable"])
+    for key, value in flags.extra_args.items():
+        # the host check refuses `no-<flag>` where the installed vLLM has no such option
+        _put(out, key, value, True)
+    return out
+
+
+def _put(out: dict[str, Scalar | list[Scalar]], key: str, value: Scalar | list[Scalar],
+         negatable: bool) -> None:
+    if value is False:
+        if negatable:
+            out[f"no-{key}"] = True
+        return
+    out[key] = value

@@ -1,0 +1,118 @@
+"""Jinja2 over vllm_fleet/templates/: the only way unit, env file and serve config are produced.
+
+StrictUndefined so a template that names a field the plan lacks fails on the controller, not as a
+half-rendered unit on a host.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from vllm_fleet.core import lb
+from vllm_fleet.core.plan import CURRENT_LINK, HOST_TOOLS, STATE_DIR, HostPlan, InstancePlan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def _to_yaml(value: object) -> str:
+    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False).rstrip("\n")
+
+
+def envquote(value: str) -> str:
+    """systemd EnvironmentFile quoting: double quotes, with backslash and quote escaped."""
+    if not value.isprintable():
+        raise ValueError("an environment value may not contain a line break or other control character")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _checked(text: str, what: str) -> str:
+    """Belt and braces behind the inventory's checks (vllm_fleet/core/spec.py): systemd and YAML read a NUL, a
+    carriage return or a form feed as the end of a line, so no rendered file may carry one."""
+    bad = next((c for c in text if not c.isprintable() and c not in "\n\t"), None)
+    if bad is not None:
+        line = text.count("\n", 0, text.index(bad)) + 1
+        raise ValueError(f"{what}: rendered with the control character {bad!r} on line {line}; refused")
+    return text
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    """One per process: Jinja keeps each template compiled in its environment, and a deploy renders
+    every unit, config and watchdog at least twice (to compare, then to write)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["to_yaml"] = _to_yaml
+    env.filters["envquote"] = envquote
+    env.filters["tojson"] = json.dumps
+    return env
+
+
+def unit(plan: HostPlan, inst: InstancePlan) -> str:
+    return _checked(environment().get_template("vllm.service.j2").render(
+        i=inst, gpu=plan.variant != "cpu", current=CURRENT_LINK, state_dir=STATE_DIR,
+        ready_timeout_s=plan.ready_timeout_s,
+    ), inst.unit)
+
+
+# The unit's lines beside sandbox.j2 that confine it: its devices, writable paths and network.
+_CONFINING = ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ReadWritePaths", "RestrictAddressFamilies",
+              "IPAddressDeny", "IPAddressAllow")
+
+
+def sandbox_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
+    """The instance unit's hardening as `Key=value` lines, in its order, for `systemd-run -p`: read off
+    the rendered unit itself, so a transient vLLM (a bench trial) cannot drift from the real one."""
+    keys = {line.split("=", 1)[0] for line in environment().get_template("sandbox.j2").render().splitlines()
+            if "=" in line}
+    keys.update(_CONFINING)
+    return [line for line in unit(plan, inst).splitlines()
+            if not line.startswith("#") and line.split("=", 1)[0] in keys and "=" in line]
+
+
+def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
+    """(service, timer) file contents of the instance's watchdog; the instance must have one."""
+    from vllm_fleet.host.watchdog import RESTART, STATE_NAME, UNIT_STATE
+
+    env = environment()
+    args = {"i": inst, "w": inst.watchdog, "state_name": STATE_NAME.format(inst.name),
+            "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART,
+            "show": f"systemctl show {UNIT_STATE} {inst.unit}"}
+    return (_checked(env.get_template("vllm-watchdog.service.j2").render(**args), inst.watchdog_units[0]),
+            _checked(env.get_template("vllm-watchdog.timer.j2").render(**args), inst.watchdog_units[1]))
+
+
+def serve_config(plan: HostPlan, inst: InstancePlan) -> str:
+    return _checked(environment().get_template("vllm-serve.yaml.j2").render(i=inst, host=plan.host),
+                    inst.config_path)
+
+
+def haproxy_config(b: lb.Balancer, socket: str) -> str:
+    return _checked(environment().get_template("haproxy.cfg.j2").render(
+        lb=b, socket=socket, backend=lb.BACKEND, key_var=lb.KEY_VAR, body=lb.check_body(b.served_name)),
+        "haproxy.cfg")
+
+
+def env_file(inst: InstancePlan, environ: Mapping[str, str]) -> str:
+    """The one place secret values are read; only ever written to the host's 0600 env file, which is
+    never snapshotted (vllm_fleet/host/hoststate.py: a rollback keeps the current keys)."""
+    secrets = {host_var: environ[ctl_var] for host_var, ctl_var in inst.secret_env.items()}
+    return _checked(environment().get_template("vllm.env.j2").render(i=inst, secrets=secrets), inst.env_path)
+
+
+def environment_file(inst: InstancePlan) -> str:
+    """The instance's non-secret environment. Not in the unit: a 0644 unit and `systemctl show` give
+    every Environment= value to every user, and no name filter tells a proxy URL with a password from
+    a harmless setting."""
+    return _checked(environment().get_template("vllm.environment.j2").render(i=inst), inst.environment_path)

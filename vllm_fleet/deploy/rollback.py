@@ -1,0 +1,42 @@
+"""Roll a host back one step, from the host's own record of what was deployed before.
+
+Nothing comes from the controller's memory: the previous release, config, env file and unit are the
+host's snapshot (hoststate.py). Current and previous swap, so a second rollback returns to where the
+first started. A host with no previous deploy is refused before any host is touched.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.operations import python
+
+from vllm_fleet.deploy import lb, smoke
+from vllm_fleet.deploy.facts import VllmHost
+from vllm_fleet.deploy.vllm import Refused, plan_this_host, this_host
+
+
+def _rollback(plan) -> None:
+    release, results = smoke.restore_and_check(plan, "previous")
+    logger.info(f"[{host.name}] rolled back to {release}")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        tail = "\n".join(smoke.journal(f"vllm-{r.instance}.service") for r in failed)
+        raise smoke.SmokeFailed(f"{host.name}: rolled back to {release} but the smoke test fails: "
+                                f"{'; '.join(r.failures() for r in failed)}\n{tail}")
+
+
+@deploy("vLLM rollback")
+def rollback() -> None:
+    spec = this_host()
+    if spec is None:
+        return
+    state = host.get_fact(VllmHost)["state"] or {}
+    if not state.get("previous"):
+        raise Refused(f"{host.name}: nothing to roll back to: no previous deploy is recorded on this host "
+                      "(nothing was changed on any host)")
+    plan, _ = plan_this_host(spec)
+    smoke.register_report()
+    lb.drain_op()  # a rollback restarts too: out of rotation first, back only once it serves
+    python.call(name=f"roll back to {state['previous'].get('release')}", function=_rollback, plan=plan)
+    lb.ready_op()

@@ -1,0 +1,385 @@
+"""Wait until a host's instances are ready, smoke-test them through real HTTP, and roll back on failure.
+
+A change is only kept once it has served a real completion: a failed readiness wait or smoke test after
+a change puts the host's last known good release, config and unit back (from the host's own snapshot),
+restarts, smoke-tests that, and then fails the host with the reason and the journal's last lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, operation
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.operations import server
+
+from vllm_fleet.controller import smoke
+from vllm_fleet.core.cluster import NodeRole
+from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
+from vllm_fleet.deploy import remote
+from vllm_fleet.deploy.facts import LISTEN_SH, listeners_of, sections_of
+from vllm_fleet.deploy.tunnel import tunnel
+from vllm_fleet.host import effective
+from vllm_fleet.host.watchdog import probe_address
+
+HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
+RESULTS: list[smoke.SmokeResult] = []
+_registered = False
+
+
+class SmokeFailed(PyinfraError):
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the smoke test needs of an instance, from the plan or read back from a restored config."""
+
+    name: str
+    served_name: str
+    host: str
+    port: int
+    api_key_env: str | None
+    tp: int = 1
+    # a node group's id, its store address "master-addr:master-port"; headless: a worker (no API)
+    group: str | None = None
+    headless: bool = False
+
+    @property
+    def unit(self) -> str:
+        return f"vllm-{self.name}.service"
+
+    @classmethod
+    def of(cls, inst: InstancePlan) -> Target:
+        node = inst.node
+        return cls(inst.name, inst.served_name, inst.host, inst.port, inst.secret_env.get("VLLM_API_KEY"),
+                   inst.tensor_parallel, group=node.store if node else None,
+                   headless=bool(node and not node.is_head))
+
+
+run = remote.run_text
+
+
+def commit_command(plan: HostPlan) -> str:
+    """Record the smoke-tested state as last known good, then prune. Its own operation (commit_op), run
+    only after the smoke test passed: a commit that fails fails the host, since the next failed change
+    would otherwise roll back to an older state than the one serving now."""
+    return f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}"
+
+
+def commit_op(plan: HostPlan, when: Callable[[], bool], possible: bool) -> None:
+    """when: read at execution, after the smoke test passed (a node group's change is known only then);
+    possible: False where collection already knows nothing changes, so a converged host has no commit
+    operation at all, in the proposed changes or the results."""
+    if possible:
+        server.shell(name=f"record {plan.release} as the last known good state",
+                     commands=[commit_command(plan)], _if=when)
+
+
+def journal(unit: str, lines: int = 25) -> str:
+    ok, out = run(f"journalctl -u {unit} -n {lines} --no-pager -o cat")
+    return out if ok else "(journal unavailable)"
+
+
+def effective_check(inst: InstancePlan) -> smoke.Check:
+    """What the instance's new process says it runs with (its start-up log) against the plan's flags:
+    the proof that a rendered flag is in effect, not only written down. The host check's list of
+    settings at vLLM's defaults (absent from that log) is read in the same command."""
+    ok, out = run(effective_command(inst))
+    defaults_text, _, log = out.partition(f"{_LOG_MARK}\n")
+    try:
+        at_default = json.loads(defaults_text) if defaults_text.strip() else None
+    except json.JSONDecodeError:
+        at_default = None
+    problems, confirmed = effective.check_log(inst.flags, log.splitlines() if ok else [], at_default)
+    if problems:
+        return smoke.Check("config", False, "; ".join(problems))
+    return smoke.Check("config", True, f"{confirmed} of {len(inst.flags)} in the log")
+
+
+_LOG_MARK = "## start-up log"
+
+
+def effective_command(inst: InstancePlan) -> str:
+    """One remote command: the at-default list, then this start's two lines (by the unit's InvocationID)."""
+    grep = f"grep -F -e {shlex.quote(effective.NON_DEFAULT)} -e {shlex.quote(effective.ENGINE_MARK)}"
+    return (f"cat {STAGED}/{inst.name}.yaml.at-default 2>/dev/null; echo; echo '{_LOG_MARK}'; "
+            f"id=$(systemctl show -p InvocationID --value {inst.unit}) && test -n \"$id\" && "
+            f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$id | {grep}")
+
+
+def routes_command(inst: InstancePlan) -> str:
+    """The routes the release's own vLLM registers for the live config, listed by the validate step
+    (vllm_fleet/host/validate_serve.py, vllm_fleet/host/keyguard.py): no second import of vLLM after the
+    restart."""
+    return f"cat {STAGED}/{inst.name}.yaml.routes.json 2>&1"
+
+
+def guard_check(plan: HostPlan, inst: InstancePlan) -> smoke.Check:
+    """Every route of the new process but the open ones answers 401 without the key."""
+    ok, out = run(routes_command(inst))
+    lines = out.strip().splitlines()
+    try:
+        routes = json.loads(lines[-1]) if ok and lines else None
+    except json.JSONDecodeError:
+        routes = None
+    if not isinstance(routes, list):
+        return smoke.Check("no-key-401", False, "the host could not list vLLM's routes: "
+                           + (lines[-1][-300:] if lines else "no output"))
+    opened = inst.environment.get("VLLM_FLEET_OPEN_PATHS", "/health").split(",")
+    with tunnel(host, inst.host, inst.port) as t:
+        return smoke.guard_check(t.url, routes, opened, transport=t.transport)
+
+
+def _replace(result: smoke.SmokeResult, check: smoke.Check) -> None:
+    result.checks = [c for c in result.checks if c.name != check.name] + [check]
+
+
+def _unit_crashed(unit: str) -> bool:
+    """Failed, or restarted by systemd since the deploy started it: either way it will not get ready."""
+    _, out = run(f"systemctl show {unit} -p ActiveState -p NRestarts")
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return props.get("ActiveState") == "failed" or props.get("NRestarts", "0") not in ("0", "")
+
+
+def check(target: Target, release: str, timeout_s: float, wait: bool = True,
+          live: bool = False) -> smoke.SmokeResult:
+    api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
+    result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
+    if target.headless and target.group:
+        return worker_check(target, release, lambda: True, timeout_s)
+    with tunnel(host, target.host, target.port) as t:
+        if wait:
+            ready, waited = smoke.wait_healthy(t.url, timeout_s, alive=lambda: not _unit_crashed(target.unit),
+                                               transport=t.transport)
+            if not ready:
+                result.checks.append(smoke.Check("health", False, f"not ready after {waited:.0f} s"))
+                return result
+            logger.info(f"[{host.name}] {target.unit} ready after {waited:.1f} s")
+        if api_key:
+            refused = smoke.holder_check(port_listeners(), probe_address(target.host), target.port,
+                                         target.unit)
+            if refused is not None:
+                result.checks.append(refused)
+                return result
+        result.checks = smoke.run_checks(t.url, target.served_name, api_key, transport=t.transport)
+        if live:
+            result.live = smoke.read_live(t.url, api_key=api_key, transport=t.transport)
+    return result
+
+
+def port_listeners() -> list[dict] | None:
+    """The host's TCP listeners with each one's unit, read now (vllm_fleet/deploy/facts.py, as the fact reads
+    them)."""
+    ok, out = run(LISTEN_SH)
+    return listeners_of(sections_of(out.splitlines())) if ok else None
+
+
+def restored_targets(plan: HostPlan) -> list[Target]:
+    """Instances as the restored configs on the host describe them (they may predate the inventory)."""
+    keys = {i.name: i.secret_env.get("VLLM_API_KEY") for i in plan.instances}
+    _, out = run(f"for f in {CONFIG_DIR}/*.yaml; do echo \"## $f\"; cat \"$f\"; done")
+    targets = []
+    for block in out.split("## ")[1:]:
+        path, _, body = block.partition("\n")
+        name = path.strip().rsplit("/", 1)[-1].removesuffix(".yaml")
+        vals = dict(re.findall(r"^([a-z-]+): *(.+?)\s*$", body, re.M))
+        group = f"{vals['master-addr']}:{vals.get('master-port', 29501)}" if "nnodes" in vals else None
+        targets.append(Target(name, vals.get("served-model-name", name).strip("'\""),
+                              vals.get("host", "127.0.0.1").strip("'\""), int(vals.get("port", 8000)),
+                              keys.get(name, "VLLM_API_KEY"), int(vals.get("tensor-parallel-size", 1)),
+                              group=group, headless=vals.get("headless") == "true"))
+    return targets
+
+
+# node group ("master-addr:port") -> what its head decided in this run: "ok", "rollback" or "failed".
+# The workers' checks run at the same time in this process (pyinfra runs an operation on every host
+# concurrently) and wait for it.
+OUTCOME: dict[str, str] = {}
+
+
+def _decide(plan: HostPlan, outcome: str) -> None:
+    group = Target.of(plan.instances[0]).group if plan.instances else None
+    if group is not None:
+        OUTCOME.setdefault(group, outcome)
+
+
+def worker_check(target: Target, release: str, head_running: Callable[[], bool],
+                 timeout_s: float) -> smoke.SmokeResult:
+    """A worker has no API: it is as good as its head's smoke test through the group, which runs
+    concurrently in this process; wait for that outcome (or for the head to drop out of the run)."""
+    assert target.group is not None
+    t0 = time.monotonic()
+    while target.group not in OUTCOME and head_running() and time.monotonic() - t0 < timeout_s + 300:
+        time.sleep(1)  # cooperative: pyinfra's CLI monkey-patches for gevent
+    outcome = OUTCOME.get(target.group)
+    alive = not _unit_crashed(target.unit)
+    head = target.group.rsplit(":", 1)[0]
+    result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
+    if outcome is None and not head_running():
+        # --limit without the head: the group cannot be smoke-tested from here
+        result.checks.append(smoke.Check("worker", alive, f"unit {'running' if alive else 'FAILED'}; head "
+                                         f"{head} not in this run, not smoke-tested"))
+    else:
+        result.checks.append(smoke.Check("worker", outcome == "ok" and alive,
+                                         f"head {head}: {outcome or 'no result'}"))
+    result.note = f"worker of the group at {target.group}"
+    return result
+
+
+def verify(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
+           restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
+    """Smoke every instance; keep the change (commit) or put the last known good back (rollback).
+
+    A cluster's head is smoke-tested like any host, and its workers follow its outcome: they commit when
+    it serves, and restore their own snapshot when it rolls back, so the group never mixes configs."""
+    node = plan.instances[0].node if plan.instances else None
+    if node is not None and not node.is_head:
+        return verify_worker(plan, node, changed, had_state)
+    try:
+        _verify(plan, changed, wait, had_state, restarted, live)
+    except SmokeFailed:
+        _decide(plan, "failed")
+        raise
+    _decide(plan, "ok")
+
+
+def _head_in_run(head: str) -> bool:
+    h = state.inventory.get_host(head, None)
+    return h is not None and h in state.activated_hosts and h not in state.failed_hosts
+
+
+def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], had_state: bool) -> None:
+    inst = plan.instances[0]
+    did_change = changed()
+    result = worker_check(Target.of(inst), plan.release, lambda: _head_in_run(node.head),
+                          plan.ready_timeout_s)
+    result.changed = did_change
+    outcome = OUTCOME.get(node.store)
+    result.note = f"worker of {node.cluster}, served through {node.head}"
+    if result.ok:
+        RESULTS.append(result)
+        return
+    if outcome == "rollback" and did_change:
+        ok, out = run(f"{HOSTSTATE} restore current")
+        result.note = f"rolled back with head {node.head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
+    RESULTS.append(result)
+    raise SmokeFailed(f"{host.name}: worker of cluster {node.cluster}: {result.failures()}\n"
+                      f"--- journal of {inst.unit}:\n{journal(inst.unit)}")
+
+
+def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
+            restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
+    results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait, live) for i in plan.instances]
+    for inst, r in zip(plan.instances, results, strict=True):
+        if r.ok and inst.name in restarted and not Target.of(inst).headless:
+            r.checks.append(effective_check(inst))
+            if inst.flags.get("middleware"):
+                _replace(r, guard_check(plan, inst))
+    failed = [r for r in results if not r.ok]
+    did_change = changed()
+    for r in results:
+        r.changed = did_change
+    if not failed:
+        RESULTS.extend(results)
+        return
+    reason = "; ".join(f"{r.instance}: {r.failures()}" for r in failed)
+    tail = "\n".join(f"--- journal of vllm-{r.instance}.service:\n{journal(f'vllm-{r.instance}.service')}"
+                     for r in failed)
+    if not did_change:
+        RESULTS.extend(results)
+        raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
+    t0 = time.monotonic()
+    _decide(plan, "rollback")  # before the head restores, so its workers restore alongside
+    try:
+        release, again = restore_and_check(plan, "current")
+    except SmokeFailed as e:
+        for r in failed:
+            r.note = "no known-good state to roll back to"
+        RESULTS.extend(results)
+        raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {reason}\n{tail}"
+                          ) from None
+    took = time.monotonic() - t0
+    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {release} in {took:.0f} s")
+    raise SmokeFailed(f"{host.name}: change failed and was rolled back to {release} "
+                      f"({'serving again' if all(r.ok for r in again) else 'which also fails'}, "
+                      f"rollback took {took:.0f} s): {reason}\n{tail}")
+
+
+def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.SmokeResult]]:
+    """Put a snapshot back (hoststate.py restore), then smoke-test what it describes."""
+    ok, out = run(f"{HOSTSTATE} restore {which}")
+    if not ok:
+        raise SmokeFailed(out.strip().splitlines()[-1] if out.strip() else "restore failed")
+    release = json.loads(out.strip().splitlines()[-1])["release"]
+    targets = restored_targets(plan)
+    results = [check(t, release, plan.ready_timeout_s) for t in targets]
+    for t, r in zip(targets, results, strict=True):
+        if t.group and not t.headless:  # a head: its workers' checks wait for this
+            OUTCOME.setdefault(t.group, "ok" if r.ok else "failed")
+    for r in results:
+        r.note = f"rolled back to {release}" + ("" if r.ok else " and STILL FAILING")
+    RESULTS.extend(results)
+    return release, results
+
+
+def report() -> None:
+    if not RESULTS:
+        return
+    print("\n" + smoke.table(sorted(RESULTS, key=lambda r: (r.host, r.instance))), file=sys.stdout)
+    out = os.environ.get("VLLM_FLEET_SMOKE_JSON")
+    if out:
+        with open(out, "w") as f:
+            json.dump([r.as_dict() for r in RESULTS], f, indent=2)
+
+
+def register_report() -> None:
+    """Print the table once, after pyinfra has run every host (the process's exit)."""
+    global _registered
+    if not _registered:
+        atexit.register(report)
+        _registered = True
+
+
+def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
+              restarted: frozenset[str] = frozenset(), live: bool = False, planned: bool = True) -> None:
+    """restarted: instances this run restarts, whose start-up log is checked against the plan;
+    live: also read what /metrics says now (`vllm-fleet status`); planned: whether collection already
+    knows this run changes the host (what the proposed-changes table and `--dry` show)."""
+    register_report()
+    smoked(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", plan=plan, changed=changed,
+           wait=wait, had_state=had_state, restarted=restarted, live=live, planned=planned)
+
+
+@operation(is_idempotent=True, _set_in_op=False)
+def smoked(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
+           restarted: frozenset[str], live: bool, planned: bool) -> Generator[FunctionCommand, None, None]:
+    """The smoke test as pyinfra should count it: a change's verdict (commit or roll back) is that
+    change's command; on a host this run leaves alone the same checks only read, so they run inside the
+    operation and it reports no change when they pass, and fails when they do not."""
+    kwargs = {"plan": plan, "changed": changed, "wait": wait, "had_state": had_state,
+              "restarted": restarted, "live": live}
+    if not state.is_executing:  # pyinfra's change detection, before anything runs
+        if planned:
+            yield FunctionCommand(verify, (), kwargs)
+        return
+    if changed() or not had_state:
+        yield FunctionCommand(verify, (), kwargs)
+        return
+    try:
+        verify(**kwargs)
+    except SmokeFailed as e:
+        yield FunctionCommand(_failed, (), {"error": e})
+
+
+def _failed(error: SmokeFailed) -> None:
+    raise error

@@ -1,0 +1,97 @@
+"""`vllm-fleet targets`: the Prometheus file_sd file, from each selected host's plan. Read-only.
+
+Each host is planned as the deploy plans it (facts, no secrets), since the release label depends on its
+facts. The file is written by one operation on the first vLLM host collected: pyinfra collects every
+host before it executes any operation, so by then every plan is known, and a failed write fails that
+operation and the run (an exit hook, as `plan` prints with, cannot change the exit status). A host that
+could not be reached or planned leaves the previous file as it was: a file without its targets would
+hide that host from Prometheus just when it should be reported down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, inventory, logger
+from pyinfra.api import deploy
+from pyinfra.operations import python
+
+from vllm_fleet.core import prometheus
+from vllm_fleet.core.plan import HostPlan
+from vllm_fleet.deploy.facts import VllmHost
+from vllm_fleet.deploy.vllm import inventory_specs, plan_without_secrets, this_host
+
+_PLANS: dict[str, tuple[HostPlan, str]] = {}
+_WRITER: list[str] = []
+_SUMMARY: list[str] = []
+
+
+def output_path() -> str:
+    return os.environ.get(prometheus.OUTPUT_ENV) or prometheus.DEFAULT_OUTPUT
+
+
+@deploy("vLLM Prometheus targets")
+def targets() -> None:
+    if inventory_specs(check_secrets=False).get(host.name) is None:
+        return  # not a vLLM host: nothing to scrape
+    if not _WRITER:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
+        _WRITER.append(host.name)
+        atexit.register(_print_summary)
+        python.call(name="write Prometheus targets", function=_write, path=output_path())
+    spec = this_host(check_secrets=False)
+    assert spec is not None
+    plan = plan_without_secrets(spec)
+    # the release label says what the host runs now (after a rollback, not what the inventory asks for);
+    # a host with nothing deployed yet is labelled with the release it will get
+    running = host.get_fact(VllmHost)["current"]
+    _PLANS[host.name] = (dataclasses.replace(plan, release=running or plan.release),
+                         host.data.get("ssh_hostname") or host.name)
+
+
+def _print_summary() -> None:
+    if _SUMMARY:
+        print("\n" + _SUMMARY[0])
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same directory, then rename: a Prometheus watching the file reads the old one or
+    the new one, never half of one. 0644: Prometheus runs as its own user."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write(state: Any, host: Any, path: str) -> bool:
+    """pyinfra passes (state, host) to a callback that takes them; False fails the host, no traceback."""
+    expected = {h.name for h in inventory if state.is_host_in_limit(h)
+                and h.name in inventory_specs(check_secrets=False)}
+    missing = sorted((expected - set(_PLANS)) | {h.name for h in state.failed_hosts})
+    if missing:
+        return _fail(host, f"{path} not written (left as it was): no plan for {', '.join(missing)} "
+                           "(unreachable or failed, see above)")
+    groups, left_out = prometheus.file_sd(_PLANS.values())
+    try:
+        write_atomically(Path(path), prometheus.render(groups))
+    except OSError as e:
+        return _fail(host, f"{path} not written: {e}")
+    _SUMMARY.append(prometheus.summary(groups, left_out, path))
+    return True
+
+
+def _fail(host: Any, message: str) -> bool:
+    host.log_styled(f"targets: {message}", fg="red", log_func=logger.error)
+    _SUMMARY.append(f"targets: {message}")
+    return False

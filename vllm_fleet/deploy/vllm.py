@@ -1,0 +1,320 @@
+"""The vLLM deploy: validate the whole inventory, plan each host from its facts, apply, smoke-test.
+
+pyinfra runs this once per host while collecting operations, before executing any of them; the
+inventory-wide validation runs on the first call, so a bad value on the last host stops the deploy
+before the first host is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, inventory, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.operations import python, server
+
+from vllm_fleet.core import cluster
+from vllm_fleet.core.modelinfo import weight_bytes_from_dir
+from vllm_fleet.core.plan import STAGED, HostFacts, HostPlan, missing_secrets, plan_host
+from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
+from vllm_fleet.core.startup import HostPorts
+from vllm_fleet.core.tables import columns
+from vllm_fleet.deploy import install, lb, model, remote, service
+from vllm_fleet.deploy.facts import HostModel, VllmHost
+from vllm_fleet.deploy.ops import prefetch
+from vllm_fleet.deploy.smoke import commit_op, verify_op
+
+
+class Refused(PyinfraError):
+    """Bad input or an unfit host: pyinfra prints the message without a traceback and exits non-zero."""
+
+
+_SPECS: dict[str, HostSpec] | None = None
+_SKIPPED: list[str] = []
+_NODES: dict[str, cluster.NodeRole] = {}
+
+
+def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
+    global _SPECS
+    if _SPECS is None:
+        try:
+            specs = parse_inventory(
+                (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
+            )
+            _NODES.update(cluster.resolve(specs, {h.name: h.data.get("ssh_hostname") or h.name
+                                                  for h in inventory}))
+        except SpecError as e:
+            raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+        _SKIPPED[:] = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
+        if _SKIPPED:
+            logger.info(f"vllm-fleet: {skipped_note(_SKIPPED)}")
+        _SPECS = specs
+    if check_secrets:  # every time it is asked: a read-only caller may have parsed the inventory first
+        missing = [p for name, spec in _SPECS.items() for inst in spec.instances
+                   for p in missing_secrets(name, inst, os.environ)]
+        if missing:
+            raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
+    return _SPECS
+
+
+def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None],
+                                          dict[str, str]]:
+    """config.json and weight size of each model (TP rule, memory preflight), and a staged model's
+    content digest (its host directory): staged models read on the controller, host_path models on the
+    host; hub models are sized by vLLM itself when it starts."""
+    configs, weights, digests = {}, {}, {}
+    for inst in spec.instances:
+        if inst.model.path:
+            cfg = Path(inst.model.path) / "config.json"
+            if not cfg.exists():
+                raise Refused(f"refused, nothing was changed:\n  {host.name}: vllm.instances[{inst.name}]"
+                              f".model.path: {cfg} does not exist on the controller")
+            configs[inst.name] = json.loads(cfg.read_text())
+            weights[inst.name] = weight_bytes_from_dir(inst.model.path)
+            digests[inst.name] = model.digest(inst.model.path)
+        elif inst.model.host_path:
+            found = host.get_fact(HostModel, path=inst.model.host_path)
+            if found.get("config"):
+                configs[inst.name] = found["config"]
+                weights[inst.name] = found.get("weight_bytes")
+    return configs, weights, digests
+
+
+def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
+    vh = host.get_fact(VllmHost)
+    gpus: tuple = ()
+    rdma: tuple = ()
+    driver = problem = health = None
+    if spec.accelerator == "cuda":
+        from vllm_fleet.deploy.nvidia_facts import NvidiaGpus
+
+        nv = host.get_fact(NvidiaGpus)
+        gpus, driver, problem, health = tuple(nv["gpus"]), nv["driver"], nv["problem"], nv.get("health")
+        rdma = tuple(nv.get("rdma_devices", ()))
+    return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
+                     cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh["interfaces"],
+                     ip_filtering=vh["ip_filtering"], ports=HostPorts.from_fact(vh),
+                     gpu_health=health, units=frozenset(vh.get("units", ())), rdma_devices=rdma), vh
+
+
+def this_host(check_secrets: bool = True) -> HostSpec | None:
+    """This host's spec, its login checked (before any command as root); None for a host that is not
+    a vLLM host, which every vLLM deploy then leaves alone."""
+    spec = inventory_specs(check_secrets).get(host.name)
+    if spec is not None:
+        remote.check_login()
+    return spec
+
+
+def _required(spec: HostSpec | None, check_secrets: bool) -> HostSpec:
+    spec = spec or this_host(check_secrets)
+    if spec is None:
+        raise Refused(f"{host.name}: not a vLLM host (no vllm data)")
+    return spec
+
+
+def plan_this_host(spec: HostSpec | None = None) -> tuple[HostPlan, dict[str, Any]]:
+    spec = _required(spec, True)
+    facts, vh = host_facts(spec)
+    try:
+        plan = _plan(spec, facts, os.environ)
+    except SpecError as e:
+        raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+    for w in plan.warnings:
+        logger.warning(w)
+    return plan, vh
+
+
+def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str]) -> HostPlan:
+    """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused."""
+    configs, weights, digests = _model_facts(spec)
+    return plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
+                     node=_NODES.get(host.name), model_digests=digests)
+
+
+def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
+    """Secrets are checked by the deploy; plans that only read (plan, bench) need their names only."""
+    return {**{i.api_key_env: "-" for i in spec.instances if i.api_key_env},
+            **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
+
+
+def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
+    """The deploy's own plan for this host, for read-only work that needs no key on the controller."""
+    spec = _required(spec, False)
+    facts, _ = host_facts(spec)
+    try:
+        return _plan(spec, facts, placeholder_secrets(spec))
+    except SpecError as e:
+        raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+
+
+@deploy("vLLM")
+def deploy_vllm() -> None:
+    """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back.
+
+    What changes is decided here at collection time from the facts, so the plan pyinfra shows is what
+    runs, and a converged host costs a handful of remote commands.
+    """
+    spec = this_host()
+    if spec is None:
+        return
+    plan, vh = plan_this_host(spec)
+    prefetch([tuple(d for _, d in install.tool_files()),
+              *[tuple(d for _, d in model.files(i)) for i in plan.instances],
+              *[service.instance_paths(i) for i in plan.instances]])
+    install.base(vh["base_ok"], vh["uv"])
+    built = install.release(plan, vh["releases"])
+    release_changing = vh["current"] != plan.release
+    model_changed, pending = {}, []
+    for inst in plan.instances:
+        model_changed[inst.name] = model.stage(inst)
+        staged = service.stage_config(plan, inst, release_changing)
+        if staged:
+            install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml",
+                             f"{STAGED}/{inst.name}.environment.json")
+        pending.append(staged or model_changed[inst.name])
+    node = _NODES.get(host.name)
+    if node is not None:
+        service.group_barrier(node, changed=any(pending) or built is not None)
+    install.switch(plan, vh["current"])
+    for b, _ in lb.fronting(host.name):  # a load balancer that cannot drain us is refused up front
+        problem = remote.login_problem_of(lb.balancer_host(b))
+        if problem:
+            raise Refused(f"refused, nothing was changed:\n  {host.name}: its load balancer: {problem}")
+    drained: list[bool] = []
+
+    def drain_once() -> None:  # before the first restart of this host (several instances, one drain)
+        if not drained:
+            lb.drain_op()
+            drained.append(True)
+
+    changed = [service.configure(plan, inst, release_changing or model_changed[inst.name],
+                                 vh["unit_states"].get(inst.unit, {}), before_restart=drain_once)
+               for inst in plan.instances]
+    for inst in plan.instances:
+        service.watchdog(inst, vh["watchdogs"])
+    wanted = {inst.unit for inst in plan.instances}
+    # only units this toolkit created: another vllm-*.service (someone's vllm-router) is not ours to delete
+    created = set(vh.get("created", ()))
+    removed = [unit for unit in vh["units"] if unit not in wanted and unit in created]
+    for unit in sorted(set(vh["units"]) - wanted - created):
+        logger.info(f"[{host.name}] leaving {unit} alone: not in the inventory, and this host's state does "
+                    "not say vllm-fleet created it")
+    for unit in removed:
+        service.remove(unit, vh["watchdogs"])
+    # a watchdog whose instance is gone already (a rolled-back new instance, say)
+    planned = {inst.name for inst in plan.instances} | {u[len("vllm-"):-len(".service")] for u in removed}
+    orphans = [t[len("vllm-watchdog@"):-len(".timer")] for t in vh["watchdogs"]]
+    orphans = [name for name in orphans if name not in planned]
+    for name in orphans:
+        service.remove_watchdog(name, vh["watchdogs"], why=f"instance {name} is gone")
+    if orphans:
+        server.shell(name="systemd daemon-reload (watchdog removed)", commands=["systemctl daemon-reload"])
+    did_change = any(changed) or bool(removed) or built is not None
+    had_state = bool(vh["state"])
+
+    def this_run_changed() -> bool:  # at execution: another node's change restarts this one too
+        return did_change or bool(node and service.CLUSTER_CHANGED.get(node.store))
+
+    verify_op(plan, changed=this_run_changed, had_state=had_state, planned=did_change or not had_state,
+              restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c))
+    commit_op(plan, when=lambda: this_run_changed() or not had_state,
+              possible=did_change or not had_state or node is not None)
+    # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
+    lb.ready_op(drains=bool(drained))
+
+
+_ROWS: list = []
+_AT_EXIT: list[str] = []
+
+
+@deploy("vLLM plan")
+def plan_report() -> None:
+    """Facts and plan only, no operation: one row per host for `vllm-fleet plan`."""
+    import atexit
+
+    from vllm_fleet.core import report
+    from vllm_fleet.deploy.install import build_script
+
+    if not _AT_EXIT:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
+        _AT_EXIT.append("plan")
+        atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))
+                                      + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else "")))
+    spec = this_host(check_secrets=False)
+    if spec is None:
+        return
+    facts, vh = host_facts(spec)
+    row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
+                         driver=str(facts.driver) if facts.driver else "-")
+    _ROWS.append(row)
+    try:
+        plan = _plan(spec, facts, placeholder_secrets(spec))
+    except (SpecError, Refused) as e:
+        row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
+        # an operation that fails without touching the host: pyinfra exits non-zero once every host's
+        # refusal is in the table, so a CI gate built on `vllm-fleet plan` stops a bad inventory
+        python.call(name="plan refused", function=_refused, reason=row.refused)
+        return
+    row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
+    row.install = shlex.join(build_script(plan)[1])
+    row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}"
+                     + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
+                     + (f" [{i.node.describe()}]" if i.node else "") for i in plan.instances]
+    row.warnings = list(plan.warnings)
+
+
+def _refused(state: Any, host: Any, reason: str) -> bool:
+    """pyinfra calls a callback taking (state, host) for its status: False fails the host, no traceback."""
+    host.log_styled(f"refused: {reason}", fg="red", log_func=logger.error)
+    return False
+
+
+_STATUS: list[tuple[str, ...]] = []
+
+
+@deploy("vLLM status")
+def smoke_only() -> None:
+    """`vllm-fleet status`: what the host says is deployed, its units' state, and a smoke test."""
+    import atexit
+    import hashlib
+
+    if not _AT_EXIT:  # before any fact I/O: pyinfra collects hosts concurrently
+        _AT_EXIT.append("status")
+        atexit.register(_print_status)
+    spec = this_host()
+    if spec is None:
+        return
+    plan, vh = plan_this_host(spec)
+    current = (vh["state"] or {}).get("current") or {}
+    config_hash = hashlib.sha256(json.dumps(current.get("files", {}), sort_keys=True).encode()).hexdigest()
+    for inst in plan.instances:
+        unit = vh["unit_states"].get(inst.unit, {})
+        service = f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}"
+        _STATUS.append((host.name, inst.name, vh["current"] or "-", current.get("release") or "-",
+                        config_hash[:12] if current else "-", current.get("at", "-"), service,
+                        unit.get("MainPID", "-")))
+    verify_op(plan, changed=lambda: False, wait=False, live=True)
+    if any(b.servers_of(host.name) for b in lb.balancers().values()):
+        python.call(name="load balancer state", function=lambda: _LB_STATUS.extend(lb.server_states()))
+
+
+_LB_STATUS: list[tuple[str, ...]] = []
+
+
+def _print_status() -> None:
+    from vllm_fleet.deploy.smoke import RESULTS
+    from vllm_fleet.host.metrics import LIVE_HEAD
+
+    live = {(r.host, r.instance): r.live.cells() for r in RESULTS if r.live is not None}
+    head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID", *LIVE_HEAD)
+    rows = [(*row, *live.get((row[0], row[1]), ("-",) * len(LIVE_HEAD))) for row in sorted(_STATUS)]
+    print("\n" + columns(head, rows) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))
+    if _LB_STATUS:
+        print("\n" + columns(("BALANCER", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
+                                  sorted(_LB_STATUS)))

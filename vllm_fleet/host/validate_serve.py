@@ -1,0 +1,220 @@
+"""Have a release's own vLLM check a serve config the way it would start from it, without an engine.
+
+Runs ON the host, with the new release's interpreter, before anything is switched or restarted: a flag,
+a value or a combination vLLM refuses stops the deploy for that host while the old service keeps serving.
+
+Three steps, each catching what the one before cannot:
+1. exact option names (vLLM's parser accepts abbreviations: `--max-model 512` passes);
+2. vLLM's parser on the file (`serve --config`), then every setting of the file compared with the
+   namespace it produced: a dropped `false` or a list value whose words override another flag
+   (`[hermes, --host, 0.0.0.0]`) is a difference, so a refusal; so is any change of where it listens,
+   its model, remote code, parallel sizes or API key from the plan (plan_refusals), in the file or not;
+   then `serve`'s own argument checks;
+3. for a model on this host's disk, vLLM's own engine config built from that namespace as `vllm serve`
+   builds it (EngineArgs.create_engine_config: the model's config.json, quantization, context length,
+   cache, scheduler and parallel checks, the platform's adjustments), offline; every setting of
+   effective.ENGINE must come out as the file says. What vLLM decides later, in its workers (the
+   attention backend, a hybrid model's block size), is not built here.
+On success it writes CONFIG.yaml.at-default: the settings equal to the parser's defaults, which vLLM's
+start-up log leaves out (the check after the restart reads it), and, for a key-guarded config,
+CONFIG.yaml.routes.json: the routes the app registers, which the smoke test probes without the key.
+The route is the same in vLLM 0.31-0.33.
+
+Usage: python validate_serve.py CONFIG.yaml [--api-key-expected] [--environment ENV.json]
+       (exit 0 = accepted; 1 = rejected, reason on stderr)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import effective  # noqa: E402  (uploaded beside this script)
+
+# The plan guards the instance with its key (InstancePlan.key_guarded); the key itself never comes here.
+KEY_EXPECTED = "--api-key-expected"
+ENVIRONMENT = "--environment"
+GUARD = "vllm_fleet_keyguard.KeyGuard"  # core/plan.py's KEYGUARD: what --middleware must hold with a key
+
+
+def _refuse(msg: str) -> int:
+    print(f"vLLM rejected the config: {msg}", file=sys.stderr)
+    return 1
+
+
+def _one_line(e: Exception) -> str:
+    """pydantic's multi-line report as one line, without its type tags and links."""
+    lines = [ln.strip() for ln in str(e).splitlines()
+             if ln.strip() and not ln.strip().startswith("For further information")]
+    text = re.sub(r"\s*\[type=[^\]]*\]", "", " ".join(lines))
+    return f"{type(e).__name__}: {text[:1500]}"
+
+
+def _parsed(config: dict, options: dict, ns: argparse.Namespace) -> dict:
+    return {(key.removeprefix(effective.NO) if key.startswith(effective.NO) else key):
+            getattr(ns, options[f"--{key}"].dest, None) for key in config}
+
+
+def _at_default(config: dict, options: dict, serve: argparse.ArgumentParser, ns: argparse.Namespace) -> list:
+    """Settings whose parsed value is the parser's default: vLLM leaves them out of its `non-default
+    args` line, so the check after the restart needs to know them (written beside the staged file)."""
+    out = []
+    for key in config:
+        dest = options[f"--{key}"].dest
+        if getattr(ns, dest, None) == serve.get_default(dest):
+            out.append(key.removeprefix(effective.NO) if key.startswith(effective.NO) else key)
+    return sorted(out)
+
+
+# What decides where the API listens, who may call it, which code it runs and on how many GPUs: each
+# must come out of vLLM's parser as the plan says, set in the file or not (then at the parser's
+# default), so a word spliced into argv by the config loader (a list value, a stray positional that
+# becomes the model) can never change them.
+GUARDED = ("host", "port", "model", "trust_remote_code", "tensor_parallel_size", "pipeline_parallel_size",
+           "data_parallel_size", "headless", "nnodes", "node_rank", "master_addr", "master_port")
+
+
+def plan_refusals(config: dict, ns: argparse.Namespace, default: Callable[[str], Any],
+                  key_expected: bool) -> list[str]:
+    """Differences between the plan (the file, and the parser's defaults for what it leaves out) and
+    the namespace on the settings of GUARDED, and any API key on the namespace.
+
+    Why the key separately: the file never holds one (the key reaches vLLM as VLLM_API_KEY from the
+    0600 env file, which this check does not see), and vLLM takes `--api-key` over that variable, so any
+    value there replaces the secret, and an empty one turns authentication off.
+    """
+    want = effective.expected(config)
+    out = []
+    for dest in GUARDED:
+        key = dest.replace("_", "-")
+        planned = want.get(key, default(dest))
+        got = getattr(ns, dest, None)
+        if effective.norm(got) != effective.norm(planned):
+            out.append(f"{key}: the plan has {planned!r}, vLLM's parser made it {got!r}")
+    tag = getattr(ns, "model_tag", None)
+    if tag is not None and effective.norm(tag) != effective.norm(want.get("model")):
+        out.append(f"model: the plan has {want.get('model')!r}, vLLM would serve {tag!r} (a stray word "
+                   "became its positional model)")
+    if key_expected and list(getattr(ns, "middleware", None) or []) != [GUARD]:
+        out.append(f"middleware: the plan has [{GUARD!r}] (the key guard), vLLM's parser made it "
+                   f"{getattr(ns, 'middleware', None)!r}")
+    if getattr(ns, "grpc", False):
+        out.append("grpc: vLLM would serve its gRPC frontend, which checks no API key")
+    if getattr(ns, "api_key", None) is not None:
+        planned_key = ("the instance's key from its env file" if key_expected
+                       else "no key (the port is loopback-only or protected elsewhere)")
+        out.append(f"api-key: the plan has {planned_key}; vLLM's parser set --api-key, which replaces "
+                   "VLLM_API_KEY (an empty one turns authentication off)")
+    return out
+
+
+_HINTS = {"distributed-executor-backend": " (the CPU platform keeps 'uni' only with "
+                                          "VLLM_ENABLE_V1_MULTIPROCESSING=0 in the instance's env)"}
+
+
+def main(argv: list[str]) -> int:
+    if ENVIRONMENT in argv[1:-1]:
+        # the unit's environment without secrets, from a root-only file: no value in root's argv
+        with open(argv[argv.index(ENVIRONMENT, 1) + 1]) as f:
+            os.environ.update(json.load(f))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a check never downloads
+    import yaml
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    path = argv[0]
+    key_expected = KEY_EXPECTED in argv[1:]
+    parser = FlexibleArgumentParser(prog="vllm")
+    sub = parser.add_subparsers(dest="subcommand")
+    ServeSubcommand().subparser_init(sub)
+    serve = sub.choices["serve"]
+    options = {s: a for a in serve._actions for s in a.option_strings}
+    with open(path) as f:
+        config = yaml.safe_load(f) or {}
+    both = [k for k in config if f"{effective.NO}{k}" in config]
+    if both:
+        return _refuse(f"both {both[0]} and {effective.NO}{both[0]} are set: vLLM takes the last one")
+    unknown = [k for k in config if f"--{k}" not in options]
+    if unknown:
+        off = [k for k in unknown
+               if k.startswith(effective.NO) and f"--{k.removeprefix(effective.NO)}" in options]
+        hint = (f" ({', '.join(off)}: this vLLM has no way to turn these off; leave them out, off is "
+                "their default)") if off else ""
+        print(f"vLLM does not know these flags: {', '.join(unknown)}{hint}", file=sys.stderr)
+        return 1
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(["serve", "--config", path])
+    except SystemExit as e:
+        msg = [line for line in err.getvalue().splitlines() if "error" in line.lower()] or [err.getvalue()]
+        _refuse(" ".join(msg).strip())
+        return int(e.code or 1)
+    except (ValueError, argparse.ArgumentError) as e:
+        return _refuse(str(e))
+    diff = effective.differences(effective.expected(config), _parsed(config, options, ns),
+                                 "vLLM's parser made it")
+    if diff:
+        return _refuse("vLLM would not run with what the file says: " + "; ".join(diff))
+    off_plan = plan_refusals(config, ns, serve.get_default, key_expected)
+    if off_plan:
+        return _refuse("vLLM's parser made these differ from the plan: " + "; ".join(off_plan))
+    try:  # what `vllm serve` checks right after parsing (tool-call parser, chat template, ...)
+        with contextlib.redirect_stdout(io.StringIO()):
+            ServeSubcommand().validate(ns)
+    except Exception as e:
+        return _refuse(f"vLLM would refuse to start: {_one_line(e)}")
+    model = getattr(ns, "model_tag", None) or getattr(ns, "model", None)
+    # root builds the engine config, which imports a trust_remote_code model's own code: never as root
+    remote_code = bool(config.get("trust-remote-code"))
+    engine = bool(model and os.path.isdir(model)) and not remote_code
+    if engine:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        ns.model = model
+        try:  # as `vllm serve` builds it: the API server's defaults (batch sizes), headless for workers
+            with contextlib.redirect_stdout(io.StringIO()):
+                vllm_config = AsyncEngineArgs.from_cli_args(ns).create_engine_config(
+                    usage_context=UsageContext.OPENAI_API_SERVER,
+                    headless=bool(getattr(ns, "headless", False)))
+        except Exception as e:  # vLLM raises ValueError, pydantic's ValidationError, and others
+            return _refuse(f"vLLM would refuse to start: {_one_line(e)}")
+        diff = effective.differences(effective.expected(config), effective.engine_values(vllm_config),
+                                     "vLLM's engine config has")
+        if diff:
+            return _refuse("vLLM would change these settings: " + "; ".join(
+                d + _HINTS.get(d.split(":", 1)[0], "") for d in diff))
+    with open(f"{path}.at-default", "w") as f:
+        json.dump(_at_default(config, options, serve, ns), f)
+    if config.get("middleware"):
+        # the routes the key guard must cover (vllm_fleet/host/keyguard.py), listed while vLLM is imported
+        # anyway;
+        # the smoke test probes each of them without the key after the restart
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "asgi"))
+        sys.dont_write_bytecode = True  # root leaves nothing beside the guard in vLLM's PYTHONPATH
+        import vllm_fleet_keyguard
+
+        with open(f"{path}.routes.json", "w") as f:
+            json.dump(vllm_fleet_keyguard.routes(path), f)
+    if engine:
+        print("accepted (parser and engine config)")
+    elif remote_code:
+        print("accepted (parser; trust_remote_code: the model's code runs only in the unit, so vLLM checks "
+              "the engine config when it starts)")
+    else:
+        print("accepted (parser; the model is not on this host yet, so vLLM checks it when it starts)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
