@@ -14,7 +14,6 @@ serving, untouched, and its MainPID is compared before and after.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shlex
@@ -26,12 +25,13 @@ from pyinfra.operations import python
 from vllm_fleet.core import benchmark, render
 from vllm_fleet.core.plan import STATE_DIR, HostPlan, InstancePlan
 from vllm_fleet.deploy import remote
+from vllm_fleet.deploy.run import current
 from vllm_fleet.deploy.vllm import Refused, plan_without_secrets, this_host
 
-_ROWS: list[tuple[str, ...]] = []
-_NOTES: list[str] = []
-_BEST: list[str] = []
-_AT_EXIT: list[bool] = []
+
+def _rows(kind: str = "bench") -> list:
+    """This run's table rows ("bench"), notes ("bench notes") and best trials ("bench best")."""
+    return current().rows.setdefault(kind, [])
 
 
 def _env_props(inst: InstancePlan) -> list[str]:
@@ -113,10 +113,11 @@ def _main_pid(unit: str) -> str:
 
 
 def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
+    rows, notes, best = _rows(), _rows("bench notes"), _rows("bench best")
     for n, inst in enumerate(plan.instances):
         if inst.node is not None and not inst.node.is_head:
-            _NOTES.append(f"{host.name}/{inst.name}: a headless node of cluster {inst.node.cluster}, "
-                          "benched through its head")
+            notes.append(f"{host.name}/{inst.name}: a headless node of cluster {inst.node.cluster}, "
+                         "benched through its head")
             continue
         pid_before = _main_pid(inst.unit)
         ok, out = remote.run(client_command(plan, inst, inst.port, s, _address(inst)) + " 2>&1")
@@ -125,16 +126,16 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
             note = "" if result.ok else "requests failed"
         except benchmark.BenchError as e:
             result, note = None, str(e).splitlines()[0]
-        _ROWS.append(benchmark.row(host.name, inst.name, "serving (as deployed)", result, note))
+        rows.append(benchmark.row(host.name, inst.name, "serving (as deployed)", result, note))
         if not ok and result is None:
             logger.warning(f"[{host.name}] vllm bench serve failed:\n{out.output[-2000:]}")
         max_len = inst.flags.get("max-model-len")
         trials = benchmark.sweep(int(max_len), s.sweep_multiples, s.sweep_chunked) if max_len else []
         if not max_len and (s.sweep_multiples or s.sweep_chunked):
-            _NOTES.append(f"{host.name}/{inst.name}: no max_model_len in the inventory, sweep skipped")
+            notes.append(f"{host.name}/{inst.name}: no max_model_len in the inventory, sweep skipped")
         if inst.node is not None and trials:
             # a trial of a node group would need a second group on every node
-            _NOTES.append(f"{host.name}/{inst.name}: cluster {inst.node.cluster}, sweep skipped")
+            notes.append(f"{host.name}/{inst.name}: cluster {inst.node.cluster}, sweep skipped")
             trials = []
         outcomes = []
         for trial in trials:
@@ -153,26 +154,26 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
                 except benchmark.BenchError as e:
                     outcomes.append(benchmark.TrialOutcome(trial, None, error=str(e).splitlines()[0]))
             o = outcomes[-1]
-            _ROWS.append(benchmark.row(host.name, inst.name, f"trial max-num-batched-tokens {trial.label}",
+            rows.append(benchmark.row(host.name, inst.name, f"trial max-num-batched-tokens {trial.label}",
                                        o.result, o.note))
         pid_after = _main_pid(inst.unit)
-        _NOTES.append(f"{host.name}/{inst.name}: {inst.unit} MainPID {pid_before} before, {pid_after} after: "
+        notes.append(f"{host.name}/{inst.name}: {inst.unit} MainPID {pid_before} before, {pid_after} after: "
                       + ("untouched" if pid_before == pid_after else "CHANGED"))
         if trials:
             top = benchmark.best(outcomes)
             if top is None or top.result is None:
-                _BEST.append(f"{host.name}/{inst.name}: no usable trial")
+                best.append(f"{host.name}/{inst.name}: no usable trial")
             else:
-                _BEST.append(f"{host.name}/{inst.name}: best max-num-batched-tokens {top.trial.label} "
+                best.append(f"{host.name}/{inst.name}: best max-num-batched-tokens {top.trial.label} "
                              f"({top.result.output_throughput:.1f} output tok/s); to keep it, add to the "
                              f"instance's vllm flags: {json.dumps(top.trial.inventory())}")
 
 
-def _report() -> None:
-    if not _ROWS:
+def _report(rows: list, notes: list, best: list) -> None:
+    if not rows:
         return
-    print("\n" + benchmark.table(sorted(_ROWS, key=lambda r: (r[0], r[1]))))
-    for line in _NOTES + _BEST:
+    print("\n" + benchmark.table(sorted(rows, key=lambda r: (r[0], r[1]))))
+    for line in notes + best:
         print(line)
     if os.environ.get("VLLM_FLEET_BENCH_APPLY") == "1":
         print("VLLM_FLEET_BENCH_APPLY=1: not implemented; no host was changed "
@@ -190,9 +191,8 @@ def bench() -> None:
         s = benchmark.settings(host.data.get("vllm_bench"), os.environ)
     except benchmark.BenchError as e:
         raise Refused(f"{host.name}: {e}") from None
-    if not _AT_EXIT:  # pyinfra collects hosts concurrently: one report at exit
-        _AT_EXIT.append(True)
-        atexit.register(_report)
+    rows, notes, best = _rows(), _rows("bench notes"), _rows("bench best")
+    current().at_end("bench", lambda: _report(rows, notes, best))
     python.call(name="vllm bench serve" + (" + max-num-batched-tokens sweep"
                                            if s.sweep_multiples or s.sweep_chunked else ""),
                 function=_run, plan=plan, s=s)

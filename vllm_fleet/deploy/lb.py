@@ -9,7 +9,6 @@ inventory login, so a rollout's `--limit` wave, a plain deploy and a rollback al
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Generator
@@ -27,6 +26,7 @@ from vllm_fleet.core.spec import SpecError
 from vllm_fleet.deploy import remote
 from vllm_fleet.deploy.install import HOST_SRC
 from vllm_fleet.deploy.ops import Secret, stale, synced_files
+from vllm_fleet.deploy.run import current
 
 LBCTL = f"{HOST_TOOLS}/lbctl.py"
 SOCKET = "/run/vllm-fleet-lb.sock"
@@ -40,9 +40,15 @@ class LbError(PyinfraError):
     pass
 
 
-@functools.cache
 def balancers() -> dict[str, core.Balancer]:
     """Every load balancer of the inventory and the servers it fronts, validated once per run."""
+    run = current()
+    if run.balancers is None:
+        run.balancers = _balancers()
+    return run.balancers
+
+
+def _balancers() -> dict[str, core.Balancer]:
     from vllm_fleet.deploy.vllm import Refused, inventory_specs
 
     lbs = {h.name: h.data.get("vllm_lb") for h in inventory if h.data.get("vllm_lb") is not None}

@@ -3,7 +3,6 @@ every host (pyinfra collects hosts concurrently; lines printed as they came woul
 
 from __future__ import annotations
 
-import atexit
 import os
 
 from pyinfra import host, inventory, state
@@ -11,11 +10,8 @@ from pyinfra.api import FactBase, deploy
 
 from vllm_fleet.core import logs
 from vllm_fleet.core.spec import skipped_note
-from vllm_fleet.deploy.vllm import _SKIPPED, Refused, inventory_specs, this_host
-
-_JOURNALS: dict[str, dict[str, list[str]]] = {}
-_NOTES: list[str] = []
-_AT_EXIT: list[str] = []
+from vllm_fleet.deploy.run import current
+from vllm_fleet.deploy.vllm import Refused, inventory_specs, this_host
 
 
 class Journal(FactBase):
@@ -34,9 +30,9 @@ class Journal(FactBase):
         return logs.split_output(output)
 
 
-def _print() -> None:
-    notes = [*_NOTES, *([skipped_note(_SKIPPED)] if _SKIPPED else [])]
-    blocks = [b for b in (logs.render(_JOURNALS), "\n".join(notes)) if b]
+def _print(journals: dict[str, dict[str, list[str]]], notes: list[str], skipped: list[str]) -> None:
+    notes = [*notes, *([skipped_note(skipped)] if skipped else [])]
+    blocks = [b for b in (logs.render(journals), "\n".join(notes)) if b]
     if blocks:
         print("\n" + "\n\n".join(blocks))
 
@@ -52,11 +48,11 @@ def show_logs() -> None:
         chosen = logs.select(selected, wanted)
     except ValueError as e:
         raise Refused(f"logs: {e}") from None
-    if not _AT_EXIT:  # checked and set before any fact I/O
-        _AT_EXIT.append("logs")
-        _NOTES.extend(logs.absent(selected, wanted) if wanted else [])
-        atexit.register(_print)
+    run = current()
+    journals: dict[str, dict[str, list[str]]] = run.rows.setdefault("logs", {})  # type: ignore[assignment]
+    notes = logs.absent(selected, wanted) if wanted else []
+    run.at_end("logs", lambda: _print(journals, notes, run.skipped))  # before any fact I/O
     if host.name not in chosen:
         return  # not a vLLM host (noted by inventory_specs), or without the wanted instance (noted above)
     this_host(check_secrets=False)  # the login is checked before anything runs as root
-    _JOURNALS[host.name] = host.get_fact(Journal, instances=tuple(chosen[host.name]), lines=lines) or {}
+    journals[host.name] = host.get_fact(Journal, instances=tuple(chosen[host.name]), lines=lines) or {}

@@ -21,6 +21,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from vllm_fleet.controller.paths import CACHE_DIR
 from vllm_fleet.core.plan import SUMS
 from vllm_fleet.deploy import remote
+from vllm_fleet.deploy.run import current
 
 
 class Secret:
@@ -150,19 +151,17 @@ class Manifest(FactBase):
         return out
 
 
-_MANIFESTS: dict[tuple[str, tuple[str, ...]], dict] = {}
-
-
 def prefetch(groups: list[tuple[str, ...]]) -> None:
     """One Manifest over every path a deploy will compare, instead of one per group of files: each
     group's later stale() finds its answer here (same keys), so a converged host costs fewer commands."""
-    groups = [g for g in groups if g and (host.name, g) not in _MANIFESTS]
+    manifests = current().manifests
+    groups = [g for g in groups if g and (host.name, g) not in manifests]
     if not groups:
         return
     union = tuple(dict.fromkeys(p for g in groups for p in g))
     found = host.get_fact(Manifest, paths=union)
     for g in groups:
-        _MANIFESTS[(host.name, g)] = {p: found.get(p) for p in g}
+        manifests[(host.name, g)] = {p: found.get(p) for p in g}
 
 
 SALT = CACHE_DIR / "secret-salt"
@@ -212,9 +211,10 @@ def stale(files: list[tuple[str | bytes | Secret, str]], user: str, group: str, 
     """The (content, dest) pairs whose host copy differs in content, owner or mode: one remote command
     (pyinfra caches a fact per arguments, so callers sharing `paths` share that one command)."""
     key = (host.name, paths or tuple(dest for _, dest in files))
-    if key not in _MANIFESTS:  # pyinfra's own fact cache differs inside and outside operations
-        _MANIFESTS[key] = host.get_fact(Manifest, paths=key[1])
-    have = _MANIFESTS[key]
+    manifests = current().manifests
+    if key not in manifests:  # pyinfra's own fact cache differs inside and outside operations
+        manifests[key] = host.get_fact(Manifest, paths=key[1])
+    have = manifests[key]
     out = []
     for src, dest in files:
         digest = secret_digest(src) if is_secret_path(dest) else sha256(src)

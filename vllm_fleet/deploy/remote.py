@@ -24,6 +24,8 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.exceptions import PyinfraError
 
+from vllm_fleet.deploy.run import current
+
 # What the docs tell an operator to install on each host for the login (docs/operations.md).
 SUDOERS_FILE = "/etc/sudoers.d/vllm-fleet"
 # Uploads of a non-root login, under its own home: 0700, so no other user (vllm included) ever sees a
@@ -74,7 +76,6 @@ class LoginAccess(FactBase):
         return found
 
 
-_LOGINS: dict[str, dict[str, Any]] = {}
 _UNSUPPORTED = ("_su_user", "_doas", "_dzdo")
 
 
@@ -119,7 +120,8 @@ def connector_arguments(on=None) -> dict[str, Any]:
 def login_problem_of(on=None) -> str | None:
     """Why this host's login cannot become root (None when it can); read once per run and host."""
     h = host if on is None else on
-    if h.name not in _LOGINS:
+    logins = current().logins
+    if h.name not in logins:
         login = h.get_fact(LoginAccess, _sudo=False)
         if not login:
             return f"{h.name}: could not read the login's identity (see above)"
@@ -127,7 +129,7 @@ def login_problem_of(on=None) -> str | None:
         problem = login_problem(h.name, login, args)
         if problem:
             return problem
-        _LOGINS[h.name] = login
+        logins[h.name] = login
     return None
 
 
@@ -136,7 +138,7 @@ def check_login() -> dict[str, Any]:
     problem = login_problem_of()
     if problem:
         raise LoginRefused(f"refused, nothing was changed:\n  {problem}")
-    return _LOGINS[host.name]
+    return current().logins[host.name]
 
 
 def upload_dir() -> str | None:

@@ -39,4 +39,4 @@ def rollback() -> None:
     smoke.register_report()
     lb.drain_op()  # a rollback restarts too: out of rotation first, back only once it serves
     python.call(name=f"roll back to {state['previous'].get('release')}", function=_rollback, plan=plan)
-    lb.ready_op()
+    lb.ready_op(drains=True)

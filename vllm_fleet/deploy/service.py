@@ -14,6 +14,7 @@ from vllm_fleet.core import render
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.plan import STAGED, HostPlan, InstancePlan
 from vllm_fleet.deploy.ops import Secret, marker_path, stale, synced_files
+from vllm_fleet.deploy.run import current
 
 # vLLM reads its config's settings from these, but as root they would put caches into vllm's home
 _NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
@@ -154,17 +155,13 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     elif inst.node is not None:
         # A node group forms only with every node on the new config: a change on one node restarts all.
         group = inst.node.store
+        changed_groups = current().cluster_changed  # read when the operations execute: every node collected
         server.shell(name=f"restart {inst.unit} (if another node of cluster {inst.node.cluster} changed)",
                      commands=[restart_command(inst.unit)],
-                     _if=lambda: CLUSTER_CHANGED.get(group, False))
+                     _if=lambda: changed_groups.get(group, False))
     if inst.node is not None and changed:
-        CLUSTER_CHANGED[inst.node.store] = True
+        current().cluster_changed[inst.node.store] = True
     return changed
-
-
-# node group (NodeRole.store) -> some node's files changed in this run; read when the operations
-# execute, after every host has been collected.
-CLUSTER_CHANGED: dict[str, bool] = {}
 
 
 def group_barrier(node: NodeRole, changed: bool) -> None:
@@ -172,10 +169,10 @@ def group_barrier(node: NodeRole, changed: bool) -> None:
     validated. Without it a head restarted into the group while a worker had failed its validation,
     and waited out its ready timeout for a peer that never came. Only where this node changes, or
     another node's change would restart it."""
-    group = node.store
+    group, changed_groups = node.store, current().cluster_changed
     python.call(name=f"every node of cluster {node.cluster} passed its checks", function=group_intact,
                 nodes=node.nodes, cluster=node.cluster,
-                **({} if changed else {"_if": lambda: CLUSTER_CHANGED.get(group, False)}))
+                **({} if changed else {"_if": lambda: changed_groups.get(group, False)}))
 
 
 def group_intact(state: Any, host: Any, nodes: tuple[str, ...], cluster: str) -> bool:

@@ -7,7 +7,6 @@ restarts, smoke-tests that, and then fails the host with the reason and the jour
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
@@ -27,13 +26,12 @@ from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
 from vllm_fleet.deploy import remote
 from vllm_fleet.deploy.facts import LISTEN_SH, listeners_of, sections_of
+from vllm_fleet.deploy.run import FleetRun, current
 from vllm_fleet.deploy.tunnel import tunnel
 from vllm_fleet.host import effective
 from vllm_fleet.host.watchdog import probe_address
 
 HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
-RESULTS: list[smoke.SmokeResult] = []
-_registered = False
 
 
 class SmokeFailed(PyinfraError):
@@ -201,16 +199,15 @@ def restored_targets(plan: HostPlan) -> list[Target]:
     return targets
 
 
-# node group ("master-addr:port") -> what its head decided in this run: "ok", "rollback" or "failed".
-# The workers' checks run at the same time in this process (pyinfra runs an operation on every host
+# A node group's ("master-addr:port") verdict, decided by its head in this run (run.FleetRun.outcome):
+# the workers' checks run at the same time in this process (pyinfra runs an operation on every host
 # concurrently) and wait for it.
-OUTCOME: dict[str, str] = {}
 
 
 def _decide(plan: HostPlan, outcome: str) -> None:
     group = Target.of(plan.instances[0]).group if plan.instances else None
     if group is not None:
-        OUTCOME.setdefault(group, outcome)
+        current().outcome.setdefault(group, outcome)
 
 
 def worker_check(target: Target, release: str, head_running: Callable[[], bool],
@@ -219,9 +216,10 @@ def worker_check(target: Target, release: str, head_running: Callable[[], bool],
     concurrently in this process; wait for that outcome (or for the head to drop out of the run)."""
     assert target.group is not None
     t0 = time.monotonic()
-    while target.group not in OUTCOME and head_running() and time.monotonic() - t0 < timeout_s + 300:
+    outcomes = current().outcome
+    while target.group not in outcomes and head_running() and time.monotonic() - t0 < timeout_s + 300:
         time.sleep(1)  # cooperative: pyinfra's CLI monkey-patches for gevent
-    outcome = OUTCOME.get(target.group)
+    outcome = outcomes.get(target.group)
     alive = not _unit_crashed(target.unit)
     head = target.group.rsplit(":", 1)[0]
     result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
@@ -264,15 +262,15 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
     result = worker_check(Target.of(inst), plan.release, lambda: _head_in_run(node.head),
                           plan.ready_timeout_s)
     result.changed = did_change
-    outcome = OUTCOME.get(node.store)
+    outcome = current().outcome.get(node.store)
     result.note = f"worker of {node.cluster}, served through {node.head}"
     if result.ok:
-        RESULTS.append(result)
+        current().results.append(result)
         return
     if outcome == "rollback" and did_change:
         ok, out = run(f"{HOSTSTATE} restore current")
         result.note = f"rolled back with head {node.head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
-    RESULTS.append(result)
+    current().results.append(result)
     raise SmokeFailed(f"{host.name}: worker of cluster {node.cluster}: {result.failures()}\n"
                       f"--- journal of {inst.unit}:\n{journal(inst.unit)}")
 
@@ -290,13 +288,13 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
     for r in results:
         r.changed = did_change
     if not failed:
-        RESULTS.extend(results)
+        current().results.extend(results)
         return
     reason = "; ".join(f"{r.instance}: {r.failures()}" for r in failed)
     tail = "\n".join(f"--- journal of vllm-{r.instance}.service:\n{journal(f'vllm-{r.instance}.service')}"
                      for r in failed)
     if not did_change:
-        RESULTS.extend(results)
+        current().results.extend(results)
         raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
     t0 = time.monotonic()
     _decide(plan, "rollback")  # before the head restores, so its workers restore alongside
@@ -305,7 +303,7 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
     except SmokeFailed as e:
         for r in failed:
             r.note = "no known-good state to roll back to"
-        RESULTS.extend(results)
+        current().results.extend(results)
         raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {reason}\n{tail}"
                           ) from None
     took = time.monotonic() - t0
@@ -325,29 +323,29 @@ def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.Smoke
     results = [check(t, release, plan.ready_timeout_s) for t in targets]
     for t, r in zip(targets, results, strict=True):
         if t.group and not t.headless:  # a head: its workers' checks wait for this
-            OUTCOME.setdefault(t.group, "ok" if r.ok else "failed")
+            current().outcome.setdefault(t.group, "ok" if r.ok else "failed")
     for r in results:
         r.note = f"rolled back to {release}" + ("" if r.ok else " and STILL FAILING")
-    RESULTS.extend(results)
+    current().results.extend(results)
     return release, results
 
 
-def report() -> None:
-    if not RESULTS:
+def report(run: FleetRun) -> None:
+    """The smoke table, once per run after pyinfra's own results; VLLM_FLEET_SMOKE_JSON also gets it as
+    JSON (what `vllm-fleet rollout` reads)."""
+    results = run.results
+    if not results:
         return
-    print("\n" + smoke.table(sorted(RESULTS, key=lambda r: (r.host, r.instance))), file=sys.stdout)
+    print("\n" + smoke.table(sorted(results, key=lambda r: (r.host, r.instance))), file=sys.stdout)
     out = os.environ.get("VLLM_FLEET_SMOKE_JSON")
     if out:
         with open(out, "w") as f:
-            json.dump([r.as_dict() for r in RESULTS], f, indent=2)
+            json.dump([r.as_dict() for r in results], f, indent=2)
 
 
 def register_report() -> None:
-    """Print the table once, after pyinfra has run every host (the process's exit)."""
-    global _registered
-    if not _registered:
-        atexit.register(report)
-        _registered = True
+    run = current()
+    run.at_end("smoke", lambda: report(run))
 
 
 def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,

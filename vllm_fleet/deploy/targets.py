@@ -10,7 +10,6 @@ hide that host from Prometheus just when it should be reported down.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import tempfile
@@ -24,11 +23,8 @@ from pyinfra.operations import python
 from vllm_fleet.core import prometheus
 from vllm_fleet.core.plan import HostPlan
 from vllm_fleet.deploy.facts import VllmHost
+from vllm_fleet.deploy.run import current
 from vllm_fleet.deploy.vllm import inventory_specs, plan_without_secrets, this_host
-
-_PLANS: dict[str, tuple[HostPlan, str]] = {}
-_WRITER: list[str] = []
-_SUMMARY: list[str] = []
 
 
 def output_path() -> str:
@@ -39,23 +35,21 @@ def output_path() -> str:
 def targets() -> None:
     if inventory_specs(check_secrets=False).get(host.name) is None:
         return  # not a vLLM host: nothing to scrape
-    if not _WRITER:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
-        _WRITER.append(host.name)
-        atexit.register(_print_summary)
-        python.call(name="write Prometheus targets", function=_write, path=output_path())
+    run = current()
+    plans: dict[str, tuple[HostPlan, str]] = run.rows.setdefault("targets", {})  # type: ignore[assignment]
+    summary = run.rows.setdefault("targets summary", [])
+    # checked and set before any fact I/O (hosts are collected concurrently): one writer, the first host
+    if run.at_end("targets", lambda: print("\n" + summary[0]) if summary else None):
+        python.call(name="write Prometheus targets", function=_write, path=output_path(), plans=plans,
+                    summary=summary)
     spec = this_host(check_secrets=False)
     assert spec is not None
     plan = plan_without_secrets(spec)
     # the release label says what the host runs now (after a rollback, not what the inventory asks for);
     # a host with nothing deployed yet is labelled with the release it will get
     running = host.get_fact(VllmHost)["current"]
-    _PLANS[host.name] = (dataclasses.replace(plan, release=running or plan.release),
+    plans[host.name] = (dataclasses.replace(plan, release=running or plan.release),
                          host.data.get("ssh_hostname") or host.name)
-
-
-def _print_summary() -> None:
-    if _SUMMARY:
-        print("\n" + _SUMMARY[0])
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -74,24 +68,25 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _write(state: Any, host: Any, path: str) -> bool:
+def _write(state: Any, host: Any, path: str, plans: dict[str, tuple[HostPlan, str]],
+           summary: list[str]) -> bool:
     """pyinfra passes (state, host) to a callback that takes them; False fails the host, no traceback."""
     expected = {h.name for h in inventory if state.is_host_in_limit(h)
                 and h.name in inventory_specs(check_secrets=False)}
-    missing = sorted((expected - set(_PLANS)) | {h.name for h in state.failed_hosts})
+    missing = sorted((expected - set(plans)) | {h.name for h in state.failed_hosts})
     if missing:
-        return _fail(host, f"{path} not written (left as it was): no plan for {', '.join(missing)} "
-                           "(unreachable or failed, see above)")
-    groups, left_out = prometheus.file_sd(_PLANS.values())
+        return _fail(host, summary, f"{path} not written (left as it was): no plan for {', '.join(missing)} "
+                                    "(unreachable or failed, see above)")
+    groups, left_out = prometheus.file_sd(plans.values())
     try:
         write_atomically(Path(path), prometheus.render(groups))
     except OSError as e:
-        return _fail(host, f"{path} not written: {e}")
-    _SUMMARY.append(prometheus.summary(groups, left_out, path))
+        return _fail(host, summary, f"{path} not written: {e}")
+    summary.append(prometheus.summary(groups, left_out, path))
     return True
 
 
-def _fail(host: Any, message: str) -> bool:
+def _fail(host: Any, summary: list[str], message: str) -> bool:
     host.log_styled(f"targets: {message}", fg="red", log_func=logger.error)
-    _SUMMARY.append(f"targets: {message}")
+    summary.append(f"targets: {message}")
     return False

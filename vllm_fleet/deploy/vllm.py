@@ -28,6 +28,7 @@ from vllm_fleet.core.tables import columns
 from vllm_fleet.deploy import install, lb, model, remote, service
 from vllm_fleet.deploy.facts import HostModel, VllmHost
 from vllm_fleet.deploy.ops import prefetch
+from vllm_fleet.deploy.run import current
 from vllm_fleet.deploy.smoke import commit_op, verify_op
 
 
@@ -35,32 +36,34 @@ class Refused(PyinfraError):
     """Bad input or an unfit host: pyinfra prints the message without a traceback and exits non-zero."""
 
 
-_SPECS: dict[str, HostSpec] | None = None
-_SKIPPED: list[str] = []
-_NODES: dict[str, cluster.NodeRole] = {}
-
-
 def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
-    global _SPECS
-    if _SPECS is None:
+    """Every host of the inventory validated, once per run (the first host's collection does it)."""
+    run = current()
+    if run.specs is None:
         try:
             specs = parse_inventory(
                 (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
             )
-            _NODES.update(cluster.resolve(specs, {h.name: h.data.get("ssh_hostname") or h.name
-                                                  for h in inventory}))
+            run.nodes.update(cluster.resolve(specs, {h.name: h.data.get("ssh_hostname") or h.name
+                                                     for h in inventory}))
         except SpecError as e:
             raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
-        _SKIPPED[:] = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
-        if _SKIPPED:
-            logger.info(f"vllm-fleet: {skipped_note(_SKIPPED)}")
-        _SPECS = specs
+        run.skipped[:] = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
+        if run.skipped:
+            logger.info(f"vllm-fleet: {skipped_note(run.skipped)}")
+        run.specs = specs
     if check_secrets:  # every time it is asked: a read-only caller may have parsed the inventory first
-        missing = [p for name, spec in _SPECS.items() for inst in spec.instances
+        missing = [p for name, spec in run.specs.items() for inst in spec.instances
                    for p in missing_secrets(name, inst, os.environ)]
         if missing:
             raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
-    return _SPECS
+    return run.specs
+
+
+def skipped_hosts_note() -> str:
+    """The line every vLLM command ends its table with when the inventory has other hosts."""
+    skipped = current().skipped
+    return f"\n{skipped_note(skipped)}" if skipped else ""
 
 
 def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None],
@@ -135,7 +138,7 @@ def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str]) -> HostP
     """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused."""
     configs, weights, digests = _model_facts(spec)
     return plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
-                     node=_NODES.get(host.name), model_digests=digests)
+                     node=current().nodes.get(host.name), model_digests=digests)
 
 
 def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
@@ -179,7 +182,7 @@ def deploy_vllm() -> None:
             install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml",
                              f"{STAGED}/{inst.name}.environment.json")
         pending.append(staged or model_changed[inst.name])
-    node = _NODES.get(host.name)
+    node = current().nodes.get(host.name)
     if node is not None:
         service.group_barrier(node, changed=any(pending) or built is not None)
     install.switch(plan, vh["current"])
@@ -219,8 +222,10 @@ def deploy_vllm() -> None:
     did_change = any(changed) or bool(removed) or built is not None
     had_state = bool(vh["state"])
 
+    changed_groups = current().cluster_changed
+
     def this_run_changed() -> bool:  # at execution: another node's change restarts this one too
-        return did_change or bool(node and service.CLUSTER_CHANGED.get(node.store))
+        return did_change or bool(node and changed_groups.get(node.store))
 
     verify_op(plan, changed=this_run_changed, had_state=had_state, planned=did_change or not had_state,
               restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c))
@@ -230,29 +235,23 @@ def deploy_vllm() -> None:
     lb.ready_op(drains=bool(drained))
 
 
-_ROWS: list = []
-_AT_EXIT: list[str] = []
-
-
 @deploy("vLLM plan")
 def plan_report() -> None:
     """Facts and plan only, no operation: one row per host for `vllm-fleet plan`."""
-    import atexit
-
     from vllm_fleet.core import report
     from vllm_fleet.deploy.install import build_script
 
-    if not _AT_EXIT:  # checked and set before any fact I/O: pyinfra collects hosts concurrently
-        _AT_EXIT.append("plan")
-        atexit.register(lambda: print("\n" + report.table(sorted(_ROWS, key=lambda r: r.host))
-                                      + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else "")))
+    run = current()
+    rows = run.rows.setdefault("plan", [])
+    run.at_end("plan", lambda: print("\n" + report.table(sorted(rows, key=lambda r: r.host))
+                                     + skipped_hosts_note()))
     spec = this_host(check_secrets=False)
     if spec is None:
         return
     facts, vh = host_facts(spec)
     row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
                          driver=str(facts.driver) if facts.driver else "-")
-    _ROWS.append(row)
+    rows.append(row)
     try:
         plan = _plan(spec, facts, placeholder_secrets(spec))
     except (SpecError, Refused) as e:
@@ -275,46 +274,38 @@ def _refused(state: Any, host: Any, reason: str) -> bool:
     return False
 
 
-_STATUS: list[tuple[str, ...]] = []
-
-
 @deploy("vLLM status")
 def smoke_only() -> None:
     """`vllm-fleet status`: what the host says is deployed, its units' state, and a smoke test."""
-    import atexit
     import hashlib
 
-    if not _AT_EXIT:  # before any fact I/O: pyinfra collects hosts concurrently
-        _AT_EXIT.append("status")
-        atexit.register(_print_status)
+    run = current()
+    status, lb_status = run.rows.setdefault("status", []), run.rows.setdefault("lb status", [])
+    run.at_end("status", lambda: _print_status(status, lb_status))
     spec = this_host()
     if spec is None:
         return
     plan, vh = plan_this_host(spec)
-    current = (vh["state"] or {}).get("current") or {}
-    config_hash = hashlib.sha256(json.dumps(current.get("files", {}), sort_keys=True).encode()).hexdigest()
+    recorded = (vh["state"] or {}).get("current") or {}
+    config_hash = hashlib.sha256(json.dumps(recorded.get("files", {}), sort_keys=True).encode()).hexdigest()
     for inst in plan.instances:
         unit = vh["unit_states"].get(inst.unit, {})
         service = f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}"
-        _STATUS.append((host.name, inst.name, vh["current"] or "-", current.get("release") or "-",
-                        config_hash[:12] if current else "-", current.get("at", "-"), service,
+        status.append((host.name, inst.name, vh["current"] or "-", recorded.get("release") or "-",
+                        config_hash[:12] if recorded else "-", recorded.get("at", "-"), service,
                         unit.get("MainPID", "-")))
     verify_op(plan, changed=lambda: False, wait=False, live=True)
     if any(b.servers_of(host.name) for b in lb.balancers().values()):
-        python.call(name="load balancer state", function=lambda: _LB_STATUS.extend(lb.server_states()))
+        python.call(name="load balancer state", function=lambda: lb_status.extend(lb.server_states()))
 
 
-_LB_STATUS: list[tuple[str, ...]] = []
-
-
-def _print_status() -> None:
-    from vllm_fleet.deploy.smoke import RESULTS
+def _print_status(status: list[tuple[str, ...]], lb_status: list[tuple[str, ...]]) -> None:
     from vllm_fleet.host.metrics import LIVE_HEAD
 
-    live = {(r.host, r.instance): r.live.cells() for r in RESULTS if r.live is not None}
+    live = {(r.host, r.instance): r.live.cells() for r in current().results if r.live is not None}
     head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID", *LIVE_HEAD)
-    rows = [(*row, *live.get((row[0], row[1]), ("-",) * len(LIVE_HEAD))) for row in sorted(_STATUS)]
-    print("\n" + columns(head, rows) + (f"\n{skipped_note(_SKIPPED)}" if _SKIPPED else ""))
-    if _LB_STATUS:
+    rows = [(*row, *live.get((row[0], row[1]), ("-",) * len(LIVE_HEAD))) for row in sorted(status)]
+    print("\n" + columns(head, rows) + skipped_hosts_note())
+    if lb_status:
         print("\n" + columns(("BALANCER", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
-                                  sorted(_LB_STATUS)))
+                                  sorted(lb_status)))

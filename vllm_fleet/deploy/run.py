@@ -1,0 +1,82 @@
+"""What one pyinfra run learns across its hosts, kept on that run's State, not in module globals.
+
+pyinfra collects every host before it executes anything, and some decisions need the other hosts: the
+inventory is validated once for all of them, a node group's workers wait for their head's verdict, a
+node restarts when another node of its group changed. Kept on the State, two runs in one process (the
+Python API, a test) never see each other's hosts, and the tables a run prints come out once, after
+pyinfra's own results, when the run disconnects its hosts (a CLI run always does; an API caller that
+runs `disconnect_all` gets them too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_state
+
+
+@dataclass
+class FleetRun:
+    specs: dict[str, Any] | None = None  # host -> HostSpec, the whole inventory validated once
+    skipped: list[str] = field(default_factory=list)  # hosts without vllm data
+    nodes: dict[str, Any] = field(default_factory=dict)  # host -> cluster.NodeRole
+    logins: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> LoginAccess fact
+    manifests: dict[tuple[str, tuple[str, ...]], dict] = field(default_factory=dict)  # (host, paths)
+    results: list[Any] = field(default_factory=list)  # smoke.SmokeResult, every host's
+    # node group (NodeRole.store) -> what its head decided: "ok", "rollback" or "failed"
+    outcome: dict[str, str] = field(default_factory=dict)
+    # node group -> some node's files changed in this run; read when the operations execute
+    cluster_changed: dict[str, bool] = field(default_factory=dict)
+    balancers: dict[str, Any] | None = None  # host -> lb.Balancer, validated once
+    rows: dict[str, list[Any]] = field(default_factory=dict)  # a report's rows, by report
+    _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _printed: bool = False
+
+    def at_end(self, name: str, printer: Callable[[], None]) -> bool:
+        """Run `printer` once, when this run has disconnected its hosts. True for the first registration
+        of `name` (the one that counts), so a caller can do a once-per-run step beside it."""
+        if name in self._at_end:
+            return False
+        self._at_end[name] = printer
+        return True
+
+    def finish(self) -> None:
+        if self._printed:
+            return
+        self._printed = True
+        for printer in reversed(self._at_end.values()):  # last registered first, as atexit did
+            try:
+                printer()
+            except Exception as e:  # a report must not hide the run's own outcome
+                logger.warning(f"vllm-fleet: printing the {printer.__name__} report failed: {e}")
+
+
+class _Finish(BaseStateCallback):
+    """The last activated host's disconnect ends the run: print what the run collected."""
+
+    def __init__(self, run: FleetRun):
+        self.run = run
+        self.waiting: set[str] | None = None
+
+    def host_disconnect(self, state, host) -> None:
+        if self.waiting is None:
+            self.waiting = {h.name for h in state.activated_hosts}
+        self.waiting.discard(host.name)
+        if not self.waiting:
+            self.run.finish()
+
+
+def current() -> FleetRun:
+    """This run's state, made on first use (collection is concurrent, but greenlets switch only on
+    I/O, so two hosts cannot both make one)."""
+    state = ctx_state.get()
+    run = getattr(state, "_vllm_fleet_run", None)
+    if run is None:
+        run = FleetRun()
+        state._vllm_fleet_run = run
+        state.add_callback_handler(_Finish(run))
+    return run
