@@ -173,3 +173,37 @@ def test_the_probe_may_reach_loopback_and_the_hosts_own_addresses_only():
     assert w is not None and w.allow == ("localhost", "10.0.0.7")
     w = watchdog_of(inst, 600, "10.0.0.9", {}, None)
     assert w is not None and w.allow == ("localhost", "10.0.0.9")
+
+
+def test_the_probe_sends_no_key_while_another_process_holds_the_port(tmp_path, capsys):
+    """A real listener on this machine stands for a local user who took the port during a restart: the
+    root part of the unit lists it (its cgroup is not the instance's), and the probe then connects to
+    nothing and counts nothing."""
+    import os
+    import socket
+    import subprocess
+
+    from vllm_fleet.host.watchdog import holders_command, main
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.5)
+    port = srv.getsockname()[1]
+    listed = subprocess.run(["sh", "-c", holders_command(port, "vllm-default.service").replace("$$", "$")],
+                            capture_output=True, text=True, timeout=30).stdout
+    if "no ss" in listed:
+        pytest.skip("ss (iproute2) is not installed here")
+    assert f"(pid {os.getpid()})" in listed, listed
+    (tmp_path / "config.yaml").write_text(f"host: 127.0.0.1\nport: {port}\nserved-model-name: m\n")
+    (tmp_path / "unit").write_text("InvocationID=inv-1\nActiveState=active\nActiveEnterTimestampMonotonic=1\n")
+    (tmp_path / "holders").write_text(listed)
+    rc = main(["--config", str(tmp_path / "config.yaml"), "--unit", "vllm-default.service",
+               "--unit-state", str(tmp_path / "unit"), "--holders", str(tmp_path / "holders"),
+               "--state", str(tmp_path / "state.json"), "--timeout", "2", "--failures", "1",
+               "--window", "60", "--grace", "0"])
+    with pytest.raises(TimeoutError):
+        srv.accept()  # nothing connected: no request, so no key
+    srv.close()
+    assert rc == 0
+    assert "not probed: its port is held by" in capsys.readouterr().out

@@ -83,12 +83,13 @@ def sandbox_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
 
 def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
     """(service, timer) file contents of the instance's watchdog; the instance must have one."""
-    from vllm_fleet.host.watchdog import RESTART, STATE_NAME, UNIT_STATE
+    from vllm_fleet.host.watchdog import RESTART, STATE_NAME, UNIT_STATE, holders_command
 
     env = environment()
     args = {"i": inst, "w": inst.watchdog, "state_name": STATE_NAME.format(inst.name),
             "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART,
-            "show": f"systemctl show {UNIT_STATE} {inst.unit}"}
+            "show": f"systemctl show {UNIT_STATE} {inst.unit}",
+            "holders": holders_command(inst.port, inst.unit)}
     return (_checked(env.get_template("vllm-watchdog.service.j2").render(**args), inst.watchdog_units[0]),
             _checked(env.get_template("vllm-watchdog.timer.j2").render(**args), inst.watchdog_units[1]))
 

@@ -17,6 +17,7 @@ bound, so a stale failure from an hour ago and a success in between both reset t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,20 @@ RESTART = 75  # exit status that asks the unit's ExecStopPost= to restart the in
 STATE_NAME = "vllm-watchdog-{}"
 # what the unit's root pre-step records of the instance, and its stop step compares before a restart
 UNIT_STATE = "-p InvocationID -p ActiveState -p ActiveEnterTimestampMonotonic"
+
+
+def holders_command(port: int, unit: str) -> str:
+    """Root's part of a probe, for its unit's ExecStartPre: each process listening on the instance's port
+    that is not in the instance's own cgroup, one per line ("comm (pid N)"). During a restart the port is
+    free for a moment, and a local user who binds it then would receive the key the probe sends; so the
+    probe sends nothing while this lists anyone (the smoke test checks the same before its requests).
+    Written for a unit file: `$$` is systemd's literal `$`, and no backslash or single quote."""
+    pattern = unit.replace(".", "[.]")
+    return ("command -v ss >/dev/null || { echo cannot tell who listens: no ss; exit 0; }; "
+            f'for p in $$(ss -ltnp "sport = :{port}" 2>/dev/null | grep -o "pid=[0-9]*" | cut -d= -f2 '
+            "| sort -un); do "
+            f'grep -qE "/{pattern}(/|$$)" /proc/$$p/cgroup 2>/dev/null || '
+            'echo "$$(cat /proc/$$p/comm 2>/dev/null) (pid $$p)"; done')
 PROMPT = "ping"
 
 
@@ -183,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failures", type=int, required=True)
     p.add_argument("--window", type=float, required=True, help="seconds a failure is remembered")
     p.add_argument("--grace", type=float, required=True)
+    p.add_argument("--holders", help="file listing who else listens on the port (holders_command)")
     a = p.parse_args(argv)
     with open(a.unit_state) as f:
         unit = Unit.parse(f.read())
@@ -193,7 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         state = State()
     ok: bool | None = None
     error, busy = "", 0.0
-    if unit.active:
+    others = ""
+    if a.holders:
+        with contextlib.suppress(FileNotFoundError), open(a.holders) as f:
+            others = ", ".join(line.strip() for line in f if line.strip())
+    if unit.active and others:  # not probed, not counted: the key goes to the instance only
+        print(f"<4>{a.unit}: not probed: its port is held by {others}, not {a.unit}; the key was not sent",
+              flush=True)
+    elif unit.active:
         with open(a.config) as f:
             address, port, model = serve_target(f.read())
         url = f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
