@@ -196,7 +196,8 @@ def test_the_probe_sends_no_key_while_another_process_holds_the_port(tmp_path, c
         pytest.skip("ss (iproute2) is not installed here")
     assert f"(pid {os.getpid()})" in listed, listed
     (tmp_path / "config.yaml").write_text(f"host: 127.0.0.1\nport: {port}\nserved-model-name: m\n")
-    (tmp_path / "unit").write_text("InvocationID=inv-1\nActiveState=active\nActiveEnterTimestampMonotonic=1\n")
+    (tmp_path / "unit").write_text("InvocationID=inv-1\nActiveState=active\n"
+                                   "ActiveEnterTimestampMonotonic=1\n")
     (tmp_path / "holders").write_text(listed)
     rc = main(["--config", str(tmp_path / "config.yaml"), "--unit", "vllm-default.service",
                "--unit-state", str(tmp_path / "unit"), "--holders", str(tmp_path / "holders"),
