@@ -57,6 +57,7 @@ SUDOERS_LINE = f"{DEPLOY_USER} ALL=(root) NOPASSWD: ALL"
 # Roles: a vLLM host gets vLLM data in the lab inventory; a plain host (a database, a load balancer)
 # sits in the same inventory with none, as in a customer's fleet.
 PLAIN_FIRST = 8  # plain hosts count down from lab8, vLLM hosts up from lab1
+LIGHT_FIRST = 20  # light hosts count up from lab20: a fleet's size for the scale bench, no vLLM running
 
 
 class LabError(RuntimeError):
@@ -66,7 +67,7 @@ class LabError(RuntimeError):
 @dataclass(frozen=True)
 class LabHost:
     index: int
-    role: str = "vllm"  # or "plain"
+    role: str = "vllm"  # or "plain", or "light" (vllm data, never deployed: bench/fleet_scale.py)
 
     @property
     def name(self) -> str:
@@ -322,10 +323,23 @@ def up(count: int, plain: int = 0, log=print) -> list[LabHost]:
     if count < 1 or plain < 0 or count + plain > PLAIN_FIRST:
         raise LabError(f"the lab runs 1 to {PLAIN_FIRST} hosts in all (each vLLM needs ~2.5 GiB)")
     t0 = time.monotonic()
-    base = _base_dir()
-    pubkey = _ensure_key().with_suffix(".pub").read_text()
     hosts = [LabHost(i) for i in range(1, count + 1)]
     hosts += [LabHost(PLAIN_FIRST - i, "plain") for i in range(plain)]
+    return _up(hosts, t0, log)
+
+
+def up_light(count: int, log=print) -> list[LabHost]:
+    """Boot `count` light hosts (lab20 up): vLLM hosts in the inventory that are only planned, never
+    deployed (`pyinfra --dry`), so a fleet's size fits on this machine; idempotent."""
+    preflight()
+    if not 1 <= count <= 200:
+        raise LabError("the lab runs 1 to 200 light hosts")
+    return _up([LabHost(LIGHT_FIRST + i, "light") for i in range(count)], time.monotonic(), log)
+
+
+def _up(hosts: list[LabHost], t0: float, log) -> list[LabHost]:
+    base = _base_dir()
+    pubkey = _ensure_key().with_suffix(".pub").read_text()
     write_known_hosts()  # hosts an earlier `up` made answer with the keys they have
     booting = []
     for h in hosts:
@@ -347,8 +361,10 @@ def up(count: int, plain: int = 0, log=print) -> list[LabHost]:
     extra = [h for h in read_state() if h.index not in wanted and _nspawn_pid(h)]
     write_state(sorted(hosts + extra, key=lambda h: h.index))
     n_plain = sum(h.role == "plain" for h in hosts + extra)
-    log(f"lab: {len(hosts + extra) - n_plain} vLLM host(s)"
-        + (f" and {n_plain} plain host(s)" if n_plain else "") + f" ready in {time.monotonic() - t0:.1f} s")
+    n_light = sum(h.role == "light" for h in hosts + extra)
+    log(f"lab: {len(hosts + extra) - n_plain - n_light} vLLM host(s)"
+        + (f" and {n_plain} plain host(s)" if n_plain else "")
+        + (f" and {n_light} light host(s)" if n_light else "") + f" ready in {time.monotonic() - t0:.1f} s")
     return sorted(hosts + extra, key=lambda h: h.index)
 
 

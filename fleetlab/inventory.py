@@ -56,10 +56,14 @@ def connection(h: lab.LabHost) -> dict[str, Any]:
     return {**data, "ssh_user": lab.DEPLOY_USER, "_sudo": True}
 
 
+VLLM_ROLES = ("vllm", "light")
+
+
 def lab_hosts() -> list[tuple[str, dict[str, Any]]]:
     """Every lab host that is up; only vLLM hosts get `vllm` data (plain hosts stand for the database
-    or load balancer of the same inventory, and the vLLM deploys leave them alone)."""
-    return [(h.name, {**connection(h), **({"vllm": lab_vllm(h.index)} if h.role == "vllm" else {})})
+    or load balancer of the same inventory, and the vLLM deploys leave them alone; light hosts have it
+    but are only ever planned, by bench/fleet_scale.py)."""
+    return [(h.name, {**connection(h), **({"vllm": lab_vllm(h.index)} if h.role in VLLM_ROLES else {})})
             for h in lab.read_state()]
 
 
