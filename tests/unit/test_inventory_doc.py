@@ -48,3 +48,41 @@ def test_watchdog_defaults_in_the_doc_match_the_schema():
     w = WatchdogSpec()
     for key in ("enabled", "interval_s", "timeout_s", "failures"):
         assert f"| `{key}` | `{getattr(w, key)}` |" in DOC
+
+
+def _shown(value) -> str:
+    """A default as the doc's tables write it."""
+    if isinstance(value, bool) or value == {}:
+        return f"`{value}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, float):
+        return f"`{value:.2f}`"
+    if isinstance(value, list):
+        return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+    return f"`{value}`"
+
+
+TABLES = [("## Host keys", HostSpec), ("## Instance keys", InstanceSpec), ("## Watchdog keys", WatchdogSpec),
+          ("## Serve flags", ServeFlags)]
+
+
+@pytest.mark.parametrize(("heading", "model"), TABLES)
+def test_every_concrete_default_in_the_doc_is_the_schemas(heading, model):
+    """The schema is where a default lives; the doc's tables must say the same for every key whose
+    default is a value (derived ones, None, read as "none", "derived" or "vLLM's", are the planner's)."""
+    import re
+
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    part = DOC.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `([a-z_]+)` \| ([^|]*) \|", part, re.M)}
+    checked = 0
+    for name, field in model.model_fields.items():
+        value = field.default_factory() if field.default_factory is not None else field.default
+        if value is PydanticUndefined or value is None or isinstance(value, BaseModel):
+            continue
+        assert rows.get(name) == _shown(value), (name, rows.get(name), _shown(value))
+        checked += 1
+    assert checked >= 4
