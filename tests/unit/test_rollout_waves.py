@@ -70,3 +70,29 @@ def test_hosts_without_vllm_data_are_skipped_and_named(tmp_path):
                    'gpu = [("gpu-01", {"vllm": {"model": {"name": "m"}}})]\n')
     assert inventory_hosts(str(inv)) == (["gpu-01"], ["db-01", "lb-01"])
     assert inventory_hosts(str(inv), "db-01") == ([], ["db-01"])
+
+
+def test_each_host_is_classified_from_the_runs_outcome_file_not_its_printed_text():
+    from vllm_fleet.controller.rollout import _classify
+
+    ok = {"host": "a", "ok": True, "changed": True, "note": ""}
+
+    def seen(connected: bool, failed: bool, reason: str = "") -> dict:
+        return {"connected": connected, "failed": failed, "reason": reason}
+
+    outcome = {"hosts": {"a": seen(True, False),
+                         "b": seen(True, True, "b: change failed and was rolled back"),
+                         "c": seen(False, False), "d": seen(True, True, "d: refused, nothing was changed"),
+                         "e": seen(True, False)},
+               "smoke": [ok, {"host": "b", "ok": False, "changed": True, "note": "rolled back to 0.31.0-cpu"},
+                         {"host": "e", "ok": True, "changed": False, "note": ""}]}
+    misleading = "[a] Could not connect\nc: smoke test ok\n"  # printed text says otherwise: not read
+    assert _classify("a", outcome, 1, misleading) == ("updated", "")
+    assert _classify("b", outcome, 1, misleading) == ("rolled back", "rolled back to 0.31.0-cpu")
+    assert _classify("c", outcome, 1, misleading) == ("unreachable", "could not connect over SSH")
+    assert _classify("d", outcome, 1, misleading) == ("failed", "d: refused, nothing was changed")
+    assert _classify("e", outcome, 0, misleading) == ("unchanged", "")
+    # no host connected: the deploy never ran and wrote nothing; pyinfra's connection error says why
+    assert _classify("c", {}, 1, "    [c] Could not connect (timed out)") == ("unreachable",
+                                                                             "could not connect over SSH")
+    assert _classify("c", {}, 1, "")[0] == "failed"

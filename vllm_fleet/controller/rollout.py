@@ -22,6 +22,7 @@ from pathlib import Path
 
 from vllm_fleet.core.spec import is_vllm_host, skipped_note
 from vllm_fleet.core.tables import columns
+from vllm_fleet.deploy.run import OUTCOME_ENV
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -140,25 +141,32 @@ def inventory_hosts(inventory: str, limit: str | None = None) -> tuple[list[str]
     return ([n for n, v in found if is_vllm_host(v)], [n for n, v in found if not is_vllm_host(v)])
 
 
-def _pyinfra(inventory: str, deploy: str, hosts: list[str], smoke_json: str) -> subprocess.CompletedProcess:
+def _pyinfra(inventory: str, deploy: str, hosts: list[str], outcome_json: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).parent / "pyinfra"
-    env = {**os.environ, "VLLM_FLEET_SMOKE_JSON": smoke_json}
+    env = {**os.environ, OUTCOME_ENV: outcome_json}
     # one --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing
     limits = [arg for h in hosts for arg in ("--limit", h)]
     cmd = [str(exe), "-y", *limits, inventory, deploy]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 
-def _classify(host: str, output: str, smoke: list[dict], rc: int) -> tuple[str, str]:
-    mine = [r for r in smoke if r["host"] == host]
-    if re.search(rf"\[{re.escape(host)}\] (Could not connect|Connection|Authentication)", output):
+def _classify(host: str, outcome: Mapping, rc: int, output: str = "") -> tuple[str, str]:
+    """A host's outcome from the run's outcome file (vllm_fleet/deploy/run.py), not from printed text.
+    Only a run in which no host connected writes none (the deploy never ran): then pyinfra's own
+    connection error is the one thing read from its output."""
+    mine = [r for r in outcome.get("smoke", []) if r["host"] == host]
+    seen = outcome.get("hosts", {}).get(host)
+    if seen is None:
+        if re.search(rf"\[{re.escape(host)}\] (Could not connect|Connection|Authentication)", output):
+            return "unreachable", "could not connect over SSH"
+        return "failed", f"pyinfra exited {rc} before recording an outcome (see its output)"
+    if not seen["connected"]:
         return "unreachable", "could not connect over SSH"
     if any(r.get("note", "").startswith("rolled back") for r in mine):
         return "rolled back", next(r["note"] for r in mine if r.get("note"))
-    if mine and all(r["ok"] for r in mine):
+    if not seen["failed"] and mine and all(r["ok"] for r in mine):
         return ("updated" if any(r.get("changed") for r in mine) else "unchanged"), ""
-    m = re.search(rf"{re.escape(host)}: [^\n]*", output)
-    return "failed", (m.group(0)[:300] if m else f"pyinfra exited {rc}")
+    return "failed", (seen["reason"][:300] or f"pyinfra exited {rc}")
 
 
 def run(inventory: str, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm", canary: int = 1, wave: str = "1",
@@ -178,17 +186,17 @@ def run(inventory: str, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm", cana
         kind = "canary" if i == 1 and canary else "wave"
         log(f"rollout: {kind} {i}/{len(plan)}: {', '.join(group)} ...")
         with tempfile.TemporaryDirectory() as tmp:
-            smoke_json = str(Path(tmp) / "smoke.json")
+            outcome_json = Path(tmp) / "outcome.json"
             tw = time.monotonic()
-            proc = _pyinfra(inventory, deploy, group, smoke_json)
+            proc = _pyinfra(inventory, deploy, group, str(outcome_json))
             took = time.monotonic() - tw
-            smoke = json.loads(Path(smoke_json).read_text()) if Path(smoke_json).exists() else []
-        output = ANSI.sub("", proc.stdout + proc.stderr)
+            outcome = json.loads(outcome_json.read_text()) if outcome_json.exists() else {}
+        output = ANSI.sub("", proc.stdout + proc.stderr)  # shown when a wave stops
         for h in group:
             o = result.hosts[h]
-            o.outcome, o.detail = _classify(h, output, smoke, proc.returncode)
+            o.outcome, o.detail = _classify(h, outcome, proc.returncode, output)
             o.seconds = took
-            mine = [r for r in smoke if r["host"] == h]
+            mine = [r for r in outcome.get("smoke", []) if r["host"] == h]
             if mine:
                 o.release = mine[-1]["release"]
                 o.tp = str(mine[-1]["tp"])

@@ -13,10 +13,19 @@ from pyinfra.operations import python
 
 from vllm_fleet.deploy import lb, smoke
 from vllm_fleet.deploy.facts import VllmHost
+from vllm_fleet.deploy.run import current
 from vllm_fleet.deploy.vllm import Refused, plan_this_host, this_host
 
 
 def _rollback(plan) -> None:
+    try:
+        _restore_previous(plan)
+    except Exception as e:  # kept for the run's outcome file (what `vllm-fleet rollback` reads)
+        current().fail(host.name, e)
+        raise
+
+
+def _restore_previous(plan) -> None:
     release, results = smoke.restore_and_check(plan, "previous")
     logger.info(f"[{host.name}] rolled back to {release}")
     failed = [r for r in results if not r.ok]

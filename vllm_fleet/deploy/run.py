@@ -10,6 +10,8 @@ runs `disconnect_all` gets them too).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,8 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
+
+OUTCOME_ENV = "VLLM_FLEET_RUN_JSON"  # where a run writes its outcome (FleetRun.summary), if set
 
 
 @dataclass
@@ -33,6 +37,7 @@ class FleetRun:
     cluster_changed: dict[str, bool] = field(default_factory=dict)
     balancers: dict[str, Any] | None = None  # host -> lb.Balancer, validated once
     rows: dict[str, list[Any]] = field(default_factory=dict)  # a report's rows, by report
+    failures: dict[str, str] = field(default_factory=dict)  # host -> why the deploy failed it
     _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     _printed: bool = False
 
@@ -44,10 +49,31 @@ class FleetRun:
         self._at_end[name] = printer
         return True
 
-    def finish(self) -> None:
+    def fail(self, host_name: str, error: BaseException) -> None:
+        """Why a host failed, in the deploy's words (first line), for the outcome file."""
+        lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if ln.startswith(f"{host_name}:")), lines[0] if lines else "")
+        self.failures.setdefault(host_name, reason)
+
+    def summary(self, state) -> dict[str, Any]:
+        """Each host of the run (the limit's): whether it connected, whether it failed and why, and the
+        smoke results; what `vllm-fleet rollout` reads instead of pyinfra's printed output."""
+        connected = {h.name for h in state.activated_hosts}
+        failed = {h.name for h in state.failed_hosts}
+        hosts = {h.name: {"connected": h.name in connected,
+                          "failed": h.name in failed or h.name in self.failures,
+                          "reason": self.failures.get(h.name, "")}
+                 for h in state.inventory if state.is_host_in_limit(h)}
+        return {"hosts": hosts, "smoke": [r.as_dict() for r in self.results]}
+
+    def finish(self, state=None) -> None:
         if self._printed:
             return
         self._printed = True
+        out = os.environ.get(OUTCOME_ENV)
+        if out and state is not None:
+            with open(out, "w") as f:
+                json.dump(self.summary(state), f, indent=2)
         for printer in reversed(self._at_end.values()):  # last registered first, as atexit did
             try:
                 printer()
@@ -67,7 +93,7 @@ class _Finish(BaseStateCallback):
             self.waiting = {h.name for h in state.activated_hosts}
         self.waiting.discard(host.name)
         if not self.waiting:
-            self.run.finish()
+            self.run.finish(state)
 
 
 def current() -> FleetRun:

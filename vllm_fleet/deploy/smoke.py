@@ -368,16 +368,25 @@ def smoked(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: b
               "restarted": restarted, "live": live}
     if not state.is_executing:  # pyinfra's change detection, before anything runs
         if planned:
-            yield FunctionCommand(verify, (), kwargs)
+            yield FunctionCommand(recorded_verify, (), kwargs)
         return
     if changed() or not had_state:
-        yield FunctionCommand(verify, (), kwargs)
+        yield FunctionCommand(recorded_verify, (), kwargs)
         return
     try:
-        verify(**kwargs)
-    except SmokeFailed as e:
+        recorded_verify(**kwargs)
+    except Exception as e:  # the host fails through the operation, with the same message
         yield FunctionCommand(_failed, (), {"error": e})
 
 
-def _failed(error: SmokeFailed) -> None:
+def recorded_verify(**kwargs) -> None:
+    """verify(), with why a host failed kept for the run's outcome file (what a rollout reads)."""
+    try:
+        verify(**kwargs)
+    except Exception as e:
+        current().fail(host.name, e)
+        raise
+
+
+def _failed(error: Exception) -> None:
     raise error

@@ -164,6 +164,14 @@ def deploy_vllm() -> None:
     What changes is decided here at collection time from the facts, so the plan pyinfra shows is what
     runs, and a converged host costs a handful of remote commands.
     """
+    try:
+        _deploy_vllm()
+    except PyinfraError as e:  # a refusal: kept for the run's outcome file, then pyinfra's own handling
+        current().fail(host.name, e)
+        raise
+
+
+def _deploy_vllm() -> None:
     spec = this_host()
     if spec is None:
         return
