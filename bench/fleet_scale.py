@@ -48,7 +48,7 @@ def main() -> int:
 
     os.environ.setdefault("VLLM_API_KEY", "fleet-scale-bench-key")  # --dry: checked, never sent
     make_tiny_model(TINY_MODEL)
-    light = lab.up_light(args.hosts)
+    light = [h for h in lab.up_light(args.hosts) if h.role == "light"]  # up_light lists the whole lab
     names = [h.name for h in light]
     try:
         timed(names)  # warm: the controller's caches (model digest, uv, wheels) and every host's key
