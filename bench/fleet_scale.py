@@ -5,7 +5,9 @@
 Boots N light lab hosts (lab20 up: real systemd hosts over real SSH, with vllm data, never deployed),
 then times `pyinfra --dry` of the vLLM deploy against one of them and against all N: facts, plan,
 render and change detection for every host, nothing executed. Prints the medians and their ratio
-(target <= 1.5). Removes the light hosts at the end. Needs root (the lab).
+(target <= 1.5), and the same for a bare one-fact pyinfra deploy over the same hosts (pyinfra's own
+cost of connecting and reading a fact, nothing of ours). Removes the light hosts at the end. Needs root
+(the lab).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 INVENTORY = str(ROOT / "inventories" / "lab.py")
 DEPLOY = "vllm_fleet.deploy.vllm.deploy_vllm"
+BARE = str(ROOT / "bench" / "bare_fact.py")
 
 
-def timed(hosts: list[str]) -> float:
+def timed(hosts: list[str], deploy: str = DEPLOY) -> float:
     limits = [arg for h in hosts for arg in ("--limit", h)]
-    cmd = [PYINFRA, "--dry", *limits, INVENTORY, DEPLOY]
+    cmd = [PYINFRA, "--dry", *limits, INVENTORY, deploy]
     t0 = time.monotonic()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ, timeout=900)
     took = time.monotonic() - t0
@@ -54,6 +57,9 @@ def main() -> int:
         timed(names)  # warm: the controller's caches (model digest, uv, wheels) and every host's key
         one = statistics.median(timed(names[:1]) for _ in range(args.runs))
         many = statistics.median(timed(names) for _ in range(args.runs))
+        # the floor: pyinfra itself connecting and reading one fact per host, nothing of ours
+        bare_one = statistics.median(timed(names[:1], BARE) for _ in range(args.runs))
+        bare_many = statistics.median(timed(names, BARE) for _ in range(args.runs))
     finally:
         if not args.keep:
             for h in light:
@@ -63,6 +69,8 @@ def main() -> int:
     print(f"  1 host:            {one:6.2f} s")
     print(f"  {len(names)} hosts:          {many:6.2f} s")
     print(f"  {len(names)} hosts / 1 host: {many / one:6.2f} x   (target <= 1.5)")
+    print(f"  a bare one-fact deploy, same hosts: {bare_one:.2f} s and {bare_many:.2f} s: "
+          f"{bare_many / bare_one:.2f} x (pyinfra's own floor on this controller)")
     return 0
 
 
