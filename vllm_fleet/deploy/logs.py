@@ -49,7 +49,7 @@ def show_logs() -> None:
     except ValueError as e:
         raise Refused(f"logs: {e}") from None
     run = current()
-    journals: dict[str, dict[str, list[str]]] = run.rows.setdefault("logs", {})  # type: ignore[assignment]
+    journals: dict[str, dict[str, list[str]]] = run.rows.setdefault("logs", {})
     notes = logs.absent(selected, wanted) if wanted else []
     run.at_end("logs", lambda: _print(journals, notes, run.skipped))  # before any fact I/O
     if host.name not in chosen:

@@ -36,7 +36,7 @@ class FleetRun:
     # node group -> some node's files changed in this run; read when the operations execute
     cluster_changed: dict[str, bool] = field(default_factory=dict)
     balancers: dict[str, Any] | None = None  # host -> lb.Balancer, validated once
-    rows: dict[str, list[Any]] = field(default_factory=dict)  # a report's rows, by report
+    rows: dict[str, Any] = field(default_factory=dict)  # a report's rows (a list, or a dict by host)
     failures: dict[str, str] = field(default_factory=dict)  # host -> why the deploy failed it
     _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     _printed: bool = False

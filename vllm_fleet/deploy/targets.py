@@ -36,7 +36,7 @@ def targets() -> None:
     if inventory_specs(check_secrets=False).get(host.name) is None:
         return  # not a vLLM host: nothing to scrape
     run = current()
-    plans: dict[str, tuple[HostPlan, str]] = run.rows.setdefault("targets", {})  # type: ignore[assignment]
+    plans: dict[str, tuple[HostPlan, str]] = run.rows.setdefault("targets", {})
     summary = run.rows.setdefault("targets summary", [])
     # checked and set before any fact I/O (hosts are collected concurrently): one writer, the first host
     if run.at_end("targets", lambda: print("\n" + summary[0]) if summary else None):
