@@ -100,6 +100,13 @@ def test_a_fresh_host_gets_everything_in_order_and_no_command_carries_the_key(mo
     assert positions == sorted(positions), names
     assert any(n.startswith("vLLM 0.32.0 validates default") for n in names), names
     assert any(n.startswith("env files") for n in names), names
+    # the rollback is its own operation between the smoke test and the commit, with no command until a
+    # smoke test after a change fails (so --dry and the proposed changes never count it)
+    all_names = [name for name, _ in ops_]
+    rollback = "roll back vllm-default.service if its smoke test failed"
+    assert rollback in all_names and rollback not in names
+    assert (all_names.index("smoke test vllm-default.service") < all_names.index(rollback)
+            < all_names.index("record 0.32.0-cpu as the last known good state"))
     everything = repr(ops_) + repr([state.op_meta[h].global_arguments for h in state.get_op_order()])
     assert KEY not in everything
 
@@ -139,8 +146,10 @@ def test_a_converged_host_gets_no_operation_that_changes_anything(monkeypatch, m
     state, host = collect(monkeypatch, vllm, Facts(converged, files))
     ops_ = operations(state, host)
     assert changed(ops_) == [], changed(ops_)
-    # the smoke test is still there, and runs read-only at execution (no change when it passes)
-    assert "smoke test vllm-default.service" in [name for name, _ in ops_]
+    # the smoke test is still there, and runs read-only at execution (no change when it passes); with
+    # nothing that can change there is nothing to roll back or record
+    assert [name for name, _ in ops_ if "smoke" in name or "record" in name] == [
+        "smoke test vllm-default.service"]
 
 
 def test_a_changed_flag_rewrites_the_config_and_restarts_only_that(monkeypatch, model_dir):

@@ -38,6 +38,8 @@ class FleetRun:
     balancers: dict[str, Any] | None = None  # host -> lb.Balancer, validated once
     rows: dict[str, Any] = field(default_factory=dict)  # a report's rows (a list, or a dict by host)
     failures: dict[str, str] = field(default_factory=dict)  # host -> why the deploy failed it
+    # host -> its failed smoke test, for the rollback operation after it (smoke.ChangeFailed: a change)
+    verdicts: dict[str, Exception] = field(default_factory=dict)
     _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     _printed: bool = False
 
@@ -50,14 +52,15 @@ class FleetRun:
         return True
 
     def fail(self, host_name: str, error: BaseException) -> None:
-        """Why a host failed, in the deploy's words (first line), for the outcome file."""
+        """Why a host failed, in the deploy's words (first line), for the run's outcome."""
         lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
         reason = next((ln for ln in lines if ln.startswith(f"{host_name}:")), lines[0] if lines else "")
         self.failures.setdefault(host_name, reason)
 
     def summary(self, state) -> dict[str, Any]:
         """Each host of the run (the limit's): whether it connected, whether it failed and why, and the
-        smoke results; what `vllm-fleet rollout` reads instead of pyinfra's printed output."""
+        smoke results; what `vllm-fleet rollout` reads instead of pyinfra's printed output, and what a
+        plain `pyinfra` run writes to $VLLM_FLEET_RUN_JSON for a caller outside this process."""
         connected = {h.name for h in state.activated_hosts}
         failed = {h.name for h in state.failed_hosts}
         hosts = {h.name: {"connected": h.name in connected,

@@ -1,8 +1,9 @@
 """Wait until a host's instances are ready, smoke-test them through real HTTP, and roll back on failure.
 
-A change is only kept once it has served a real completion: a failed readiness wait or smoke test after
-a change puts the host's last known good release, config and unit back (from the host's own snapshot),
-restarts, smoke-tests that, and then fails the host with the reason and the journal's last lines.
+A change is only kept once it has served a real completion. Three operations, in pyinfra's results as
+what they are: the smoke test (its verdict), the rollback (runs only after a failed change: puts the
+host's last known good release, config and unit back from the host's own snapshot, restarts,
+smoke-tests that, and fails the host with the reason and the journal's last lines), and the commit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ctx_host
 from pyinfra.operations import server
 
 from vllm_fleet.controller import smoke
@@ -36,6 +38,15 @@ HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
 
 class SmokeFailed(PyinfraError):
     pass
+
+
+class ChangeFailed(SmokeFailed):
+    """A smoke test failed after this run changed the host: what the rollback operation needs."""
+
+    def __init__(self, message: str, results: list[smoke.SmokeResult], reason: str, tail: str,
+                 worker_of: NodeRole | None = None):
+        super().__init__(message)
+        self.results, self.reason, self.tail, self.worker_of = results, reason, tail, worker_of
 
 
 @dataclass(frozen=True)
@@ -267,12 +278,12 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
     if result.ok:
         current().results.append(result)
         return
-    if outcome == "rollback" and did_change:
-        ok, out = run(f"{HOSTSTATE} restore current")
-        result.note = f"rolled back with head {node.head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
+    message = (f"{host.name}: worker of cluster {node.cluster}: {result.failures()}\n"
+               f"--- journal of {inst.unit}:\n{journal(inst.unit)}")
+    if outcome == "rollback" and did_change:  # restored alongside its head, by the rollback operation
+        raise ChangeFailed(message, [result], result.failures(), "", worker_of=node)
     current().results.append(result)
-    raise SmokeFailed(f"{host.name}: worker of cluster {node.cluster}: {result.failures()}\n"
-                      f"--- journal of {inst.unit}:\n{journal(inst.unit)}")
+    raise SmokeFailed(message)
 
 
 def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
@@ -296,21 +307,32 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
     if not did_change:
         current().results.extend(results)
         raise SmokeFailed(f"{host.name}: smoke test failed (nothing was changed): {reason}\n{tail}")
-    t0 = time.monotonic()
     _decide(plan, "rollback")  # before the head restores, so its workers restore alongside
+    raise ChangeFailed(f"{host.name}: smoke test failed after a change: {reason}", results, reason, tail)
+
+
+def roll_back(plan: HostPlan, failed: ChangeFailed) -> SmokeFailed:
+    """Put the last known good state back after a failed change; the host's failure, to report."""
+    if failed.worker_of is not None:
+        head = failed.worker_of.head
+        ok, out = run(f"{HOSTSTATE} restore current")
+        for r in failed.results:
+            r.note = f"rolled back with head {head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
+        current().results.extend(failed.results)
+        return SmokeFailed(f"{failed}" if ok else f"{failed}\nits rollback failed: {out.strip()[-300:]}")
+    t0 = time.monotonic()
     try:
         release, again = restore_and_check(plan, "current")
     except SmokeFailed as e:
-        for r in failed:
+        for r in failed.results:
             r.note = "no known-good state to roll back to"
-        current().results.extend(results)
-        raise SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {reason}\n{tail}"
-                          ) from None
+        current().results.extend(failed.results)
+        return SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {failed.reason}"
+                           f"\n{failed.tail}")
     took = time.monotonic() - t0
-    logger.warning(f"[{host.name}] change failed ({reason}); rolled back to {release} in {took:.0f} s")
-    raise SmokeFailed(f"{host.name}: change failed and was rolled back to {release} "
-                      f"({'serving again' if all(r.ok for r in again) else 'which also fails'}, "
-                      f"rollback took {took:.0f} s): {reason}\n{tail}")
+    return SmokeFailed(f"{host.name}: change failed and was rolled back to {release} "
+                       f"({'serving again' if all(r.ok for r in again) else 'which also fails'}, "
+                       f"rollback took {took:.0f} s): {failed.reason}\n{failed.tail}")
 
 
 def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.SmokeResult]]:
@@ -349,44 +371,80 @@ def register_report() -> None:
 
 
 def verify_op(plan: HostPlan, changed: Callable[[], bool], wait: bool = True, had_state: bool = True,
-              restarted: frozenset[str] = frozenset(), live: bool = False, planned: bool = True) -> None:
+              restarted: frozenset[str] = frozenset(), live: bool = False, planned: bool = True,
+              can_roll_back: bool = False) -> None:
     """restarted: instances this run restarts, whose start-up log is checked against the plan;
     live: also read what /metrics says now (`vllm-fleet status`); planned: whether collection already
-    knows this run changes the host (what the proposed-changes table and `--dry` show)."""
+    knows this run changes the host (what the proposed-changes table and `--dry` show); can_roll_back:
+    this run may change the host, so a rollback operation follows the smoke test (and a failed smoke
+    test is that operation's to act on: pyinfra shows it as an ignored error, the rollback as the
+    host's failure)."""
     register_report()
-    smoked(name=f"smoke test {', '.join(i.unit for i in plan.instances)}", plan=plan, changed=changed,
-           wait=wait, had_state=had_state, restarted=restarted, live=live, planned=planned)
+    units = ", ".join(i.unit for i in plan.instances)
+    smoked(name=f"smoke test {units}", plan=plan, changed=changed, wait=wait, had_state=had_state,
+           restarted=restarted, live=live, planned=planned, _ignore_errors=can_roll_back)
+    if can_roll_back:
+        rolled_back(name=f"roll back {units} if its smoke test failed", plan=plan)
 
 
 @operation(is_idempotent=True, _set_in_op=False)
 def smoked(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
            restarted: frozenset[str], live: bool, planned: bool) -> Generator[FunctionCommand, None, None]:
-    """The smoke test as pyinfra should count it: a change's verdict (commit or roll back) is that
-    change's command; on a host this run leaves alone the same checks only read, so they run inside the
-    operation and it reports no change when they pass, and fails when they do not."""
+    """The smoke test as pyinfra should count it: a change's verdict is that change's command; on a
+    host this run leaves alone the same checks only read, so they run inside the operation and it
+    reports no change when they pass, and fails when they do not."""
     kwargs = {"plan": plan, "changed": changed, "wait": wait, "had_state": had_state,
               "restarted": restarted, "live": live}
     if not state.is_executing:  # pyinfra's change detection, before anything runs
         if planned:
-            yield FunctionCommand(recorded_verify, (), kwargs)
+            yield FunctionCommand(_verdict, (), kwargs)
         return
     if changed() or not had_state:
-        yield FunctionCommand(recorded_verify, (), kwargs)
+        yield FunctionCommand(_verdict, (), kwargs)
         return
     try:
-        recorded_verify(**kwargs)
-    except Exception as e:  # the host fails through the operation, with the same message
-        yield FunctionCommand(_failed, (), {"error": e})
-
-
-def recorded_verify(**kwargs) -> None:
-    """verify(), with why a host failed kept for the run's outcome file (what a rollout reads)."""
-    try:
         verify(**kwargs)
-    except Exception as e:
-        current().fail(host.name, e)
-        raise
+    except Exception as e:  # the host fails through the operation, with the same message
+        current().verdicts[host.name] = e
+        yield FunctionCommand(_report_failure, (), {"error": e})
 
 
-def _failed(error: Exception) -> None:
-    raise error
+def _verdict(state, host, **kwargs) -> bool:
+    """verify() as the operation's command: a failure is logged (no traceback) and kept for the
+    rollback operation and the run's record (what a rollout reads)."""
+    with ctx_host.use(host):
+        try:
+            verify(**kwargs)
+        except Exception as e:
+            current().verdicts[host.name] = e
+            return _report_failure(state, host, e)
+    return True
+
+
+def _report_failure(state, host, error: Exception) -> bool:
+    current().fail(host.name, error)  # the rollback's own reason replaces it, if one follows
+    host.log_styled(str(error), fg="red", log_func=logger.error)
+    return False
+
+
+@operation(_set_in_op=False)
+def rolled_back(plan: HostPlan) -> Generator[FunctionCommand, None, None]:
+    """A command only where the smoke test before it failed: the change is rolled back (or, where
+    nothing changed, there is nothing to put back), and the host fails with the reason."""
+    if state.is_executing and host.name in current().verdicts:
+        yield FunctionCommand(_roll_back, (), {"plan": plan})
+
+
+def _roll_back(state, host, plan: HostPlan) -> bool:
+    with ctx_host.use(host):
+        failed = current().verdicts.pop(host.name)
+        if not isinstance(failed, ChangeFailed):  # already reported by the smoke test
+            host.log_styled("nothing to roll back: the smoke test failed on a host this run left alone",
+                            fg="red", log_func=logger.error)
+            return False
+        logger.warning(f"[{host.name}] rolling back: {failed.reason}")
+        error = roll_back(plan, failed)
+        current().failures.pop(host.name, None)
+        current().fail(host.name, error)
+        host.log_styled(str(error), fg="red", log_func=logger.error)
+    return False

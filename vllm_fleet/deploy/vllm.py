@@ -166,7 +166,7 @@ def deploy_vllm() -> None:
     """
     try:
         _deploy_vllm()
-    except PyinfraError as e:  # a refusal: kept for the run's outcome file, then pyinfra's own handling
+    except PyinfraError as e:  # a refusal: kept for the run's record, then pyinfra's own handling
         current().fail(host.name, e)
         raise
 
@@ -235,10 +235,11 @@ def _deploy_vllm() -> None:
     def this_run_changed() -> bool:  # at execution: another node's change restarts this one too
         return did_change or bool(node and changed_groups.get(node.store))
 
+    possible = did_change or not had_state or node is not None  # else nothing to roll back or commit
     verify_op(plan, changed=this_run_changed, had_state=had_state, planned=did_change or not had_state,
-              restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c))
-    commit_op(plan, when=lambda: this_run_changed() or not had_state,
-              possible=did_change or not had_state or node is not None)
+              restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c),
+              can_roll_back=possible)
+    commit_op(plan, when=lambda: this_run_changed() or not had_state, possible=possible)
     # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
     lb.ready_op(drains=bool(drained))
 
