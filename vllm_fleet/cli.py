@@ -43,32 +43,42 @@ def _lab(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pyinfra(inventory: str, deploy: str, extra: list[str], yes: bool = True) -> int:
-    """Our commands are pyinfra runs: same connection settings, same inventory, no second SSH layer.
-    deploy: the @deploy function, as pyinfra's CLI names one (module.function), so an installed
-    vllm-fleet needs no deploy file, and relative paths mean what they mean in the caller's directory."""
-    import subprocess
-    from pathlib import Path
+def _pyinfra(inventory: str, deploy: str, limit: str | None, **how: bool) -> int:
+    """Our commands are pyinfra runs, in this process (controller/runner.py): same connection settings,
+    same inventory loader, no second SSH layer. deploy: the @deploy function (module.function), the
+    name `pyinfra INVENTORY module.function` would run."""
+    import importlib
 
-    exe = Path(sys.executable).parent / "pyinfra"
-    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, inventory, deploy]).returncode
+    from vllm_fleet.controller import runner  # first: it sets gevent up as pyinfra's CLI does
+
+    module, _, name = deploy.rpartition(".")
+    func = getattr(importlib.import_module(module), name)
+    try:
+        inv = runner.load_inventory(inventory)
+        hosts = runner.limit_hosts(inv, limit)
+    except (RuntimeError, ValueError) as e:
+        print(f"vllm-fleet: {e}", file=sys.stderr)
+        return 2
+    return 0 if runner.run(inv, func, hosts, **how).ok else 1
 
 
 def _plan(args: argparse.Namespace) -> int:
-    rc = _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.plan_report", _limit_args(args.limit))
+    rc = _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.plan_report", args.limit)
     if rc or not args.diff:
         return rc
-    # the deploy itself under --dry --diff (without -y, which skips pyinfra's change detection): the
-    # diff shown is the one a deploy would apply, secrets hidden, and the hosts are left as they were
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.deploy_vllm",
-                    ["--dry", "--diff", *_limit_args(args.limit)], yes=False)
+    # the deploy itself, dry, after pyinfra's change detection with diffs: the diff shown is the one a
+    # deploy would apply, secrets hidden, and the hosts are left as they were
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.deploy_vllm", args.limit,
+                    dry=True, diff=True, detect_changes=True)
 
 
-def _rollout(args: argparse.Namespace, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm") -> int:
-    from vllm_fleet.controller import rollout
+def _rollout(args: argparse.Namespace, deploy: str = "vllm") -> int:
+    from vllm_fleet.controller import rollout  # its runner sets gevent up first, as pyinfra's CLI does
+    from vllm_fleet.deploy import rollback, vllm
 
+    func = vllm.deploy_vllm if deploy == "vllm" else rollback.rollback
     try:
-        result = rollout.run(args.inventory, deploy=deploy, canary=args.canary, wave=args.wave,
+        result = rollout.run(args.inventory, deploy=func, canary=args.canary, wave=args.wave,
                              max_unavailable=args.max_unavailable, limit=args.limit)
     except (ValueError, RuntimeError) as e:
         print(f"{args.cmd}: {e}", file=sys.stderr)
@@ -78,14 +88,14 @@ def _rollout(args: argparse.Namespace, deploy: str = "vllm_fleet.deploy.vllm.dep
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    return _rollout(args, deploy="vllm_fleet.deploy.rollback.rollback")
+    return _rollout(args, deploy="rollback")
 
 
 def _status(args: argparse.Namespace) -> int:
     """With --watch, the whole status again every N seconds (each round is a fresh read-only run, so
     what it shows is never older than one round) until interrupted."""
     if not args.watch:
-        return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", _limit_args(args.limit))
+        return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", args.limit)
     import time
 
     try:
@@ -93,15 +103,10 @@ def _status(args: argparse.Namespace) -> int:
             started = time.strftime("%Y-%m-%d %H:%M:%S")
             print("\033[2J\033[H", end="")  # clear the terminal, cursor home
             print(f"vllm-fleet status {args.inventory}, every {args.watch} s (Ctrl-C stops); at {started}")
-            _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", _limit_args(args.limit))
+            _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", args.limit)
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
-
-
-def _limit_args(limit: str | None) -> list[str]:
-    """One --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing."""
-    return [arg for name in (limit or "").split(",") if name.strip() for arg in ("--limit", name.strip())]
 
 
 def _targets(args: argparse.Namespace) -> int:
@@ -110,12 +115,12 @@ def _targets(args: argparse.Namespace) -> int:
 
     from vllm_fleet.core.prometheus import OUTPUT_ENV
 
-    out = Path(args.output).resolve()  # pyinfra runs in the checkout, not where the operator is
+    out = Path(args.output).resolve()
     if not out.parent.is_dir():
         print(f"targets: {out.parent} is not a directory", file=sys.stderr)
         return 2
     os.environ[OUTPUT_ENV] = str(out)
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.targets.targets", _limit_args(args.limit))
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.targets.targets", args.limit)
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -126,7 +131,7 @@ def _logs(args: argparse.Namespace) -> int:
     os.environ[LINES_ENV] = str(args.lines)
     if args.instance:
         os.environ[INSTANCE_ENV] = args.instance
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.logs.show_logs", _limit_args(args.limit))
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.logs.show_logs", args.limit)
 
 
 def _positive(value: str) -> int:

@@ -72,7 +72,7 @@ def test_hosts_without_vllm_data_are_skipped_and_named(tmp_path):
     assert inventory_hosts(str(inv), "db-01") == ([], ["db-01"])
 
 
-def test_each_host_is_classified_from_the_runs_outcome_file_not_its_printed_text():
+def test_each_host_is_classified_from_the_runs_record_not_its_printed_text():
     from vllm_fleet.controller.rollout import _classify
 
     ok = {"host": "a", "ok": True, "changed": True, "note": ""}
@@ -83,16 +83,37 @@ def test_each_host_is_classified_from_the_runs_outcome_file_not_its_printed_text
     outcome = {"hosts": {"a": seen(True, False),
                          "b": seen(True, True, "b: change failed and was rolled back"),
                          "c": seen(False, False), "d": seen(True, True, "d: refused, nothing was changed"),
-                         "e": seen(True, False)},
+                         "e": seen(True, False), "f": seen(True, True)},
                "smoke": [ok, {"host": "b", "ok": False, "changed": True, "note": "rolled back to 0.31.0-cpu"},
                          {"host": "e", "ok": True, "changed": False, "note": ""}]}
-    misleading = "[a] Could not connect\nc: smoke test ok\n"  # printed text says otherwise: not read
-    assert _classify("a", outcome, 1, misleading) == ("updated", "")
-    assert _classify("b", outcome, 1, misleading) == ("rolled back", "rolled back to 0.31.0-cpu")
-    assert _classify("c", outcome, 1, misleading) == ("unreachable", "could not connect over SSH")
-    assert _classify("d", outcome, 1, misleading) == ("failed", "d: refused, nothing was changed")
-    assert _classify("e", outcome, 0, misleading) == ("unchanged", "")
-    # no host connected: the deploy never ran and wrote nothing; pyinfra's connection error says why
-    assert _classify("c", {}, 1, "    [c] Could not connect (timed out)") == ("unreachable",
-                                                                             "could not connect over SSH")
-    assert _classify("c", {}, 1, "")[0] == "failed"
+    assert _classify("a", outcome) == ("updated", "")
+    assert _classify("b", outcome) == ("rolled back", "rolled back to 0.31.0-cpu")
+    assert _classify("c", outcome) == ("unreachable", "could not connect over SSH")
+    assert _classify("d", outcome) == ("failed", "d: refused, nothing was changed")
+    assert _classify("e", outcome) == ("unchanged", "")
+    # pyinfra failed the host without the deploy saying why: the run's own error, else that it failed
+    assert _classify("f", outcome, "No hosts remaining!") == ("failed", "No hosts remaining!")
+    assert _classify("f", outcome) == ("failed", "pyinfra failed the host")
+    # a run stopped by a refusal on another host: a host that looked fine did not finish
+    assert _classify("e", outcome, "lab9: refused")[0] == "failed"
+
+
+def test_a_run_where_no_host_connected_still_names_each_host_unreachable(tmp_path):
+    """No deploy code ran (no host connected), so the deploy recorded nothing: pyinfra's State alone
+    says which hosts did not connect. A real connection attempt to a closed local port."""
+    import socket
+
+    from vllm_fleet.controller import runner
+    from vllm_fleet.controller.rollout import _classify, outcome_of
+    from vllm_fleet.deploy.vllm import deploy_vllm
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: connection refused
+    inv = tmp_path / "inv.py"
+    inv.write_text(f'gpu = [("gone-01", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port}, '
+                   '"ssh_connect_retries": 0, "vllm": {"model": {"name": "m"}}})]\n')
+    result = runner.run(runner.load_inventory(str(inv)), deploy_vllm, capture=True)
+    assert not result.ok and result.error == "No hosts remaining!"
+    assert _classify("gone-01", outcome_of(result), result.error) == ("unreachable",
+                                                                       "could not connect over SSH")

@@ -1,28 +1,28 @@
 """Canary, then waves, stopping at the first failure: a fleet change that hits one host before fifty.
 
-Each wave is one pyinfra run of the ordinary deploy over `--limit <the wave's hosts>`, so a wave gets
-exactly what a single deploy gets (validation before restart, smoke test, automatic rollback of a host
-that fails). Waves are driven here, in inventory order, because `pyinfra --serial` does not keep it.
-A wave that exits non-zero stops the rollout: later waves are never touched.
+Each wave is one pyinfra run of the ordinary deploy over the wave's hosts, in this process
+(controller/runner.py), so a wave gets exactly what a single deploy gets (validation before restart,
+smoke test, automatic rollback of a host that fails). Waves are driven here, in inventory order,
+because `pyinfra --serial` does not keep it. A wave in which any host fails stops the rollout: later
+waves are never touched.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from vllm_fleet.controller import runner  # before pyinfra itself: gevent, as pyinfra's CLI sets it up
 from vllm_fleet.core.spec import is_vllm_host, skipped_note
 from vllm_fleet.core.tables import columns
-from vllm_fleet.deploy.run import OUTCOME_ENV
+from vllm_fleet.deploy.run import FleetRun
+
+if TYPE_CHECKING:
+    from pyinfra.api import Inventory
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -106,31 +106,20 @@ def keep_groups_together(plan: list[list[str]], groups: Mapping[str, str]) -> li
     return out
 
 
-def _read_inventory(inventory: str, expression: str) -> object:
-    """Evaluate `expression` over `inv`, the inventory as pyinfra itself loads it (the deploy's loader)."""
-    code = ("import json, sys; from pyinfra.api import Config, State; "
-            "from pyinfra.context import ctx_config, ctx_state; "
-            "from pyinfra_cli.inventory import make_inventory; "
-            "ctx_config.set(Config()); ctx_state.set(State()); sys.path.append('.'); "
-            f"inv = make_inventory(sys.argv[1]); print(json.dumps({expression}, default=str))")
-    out = subprocess.run([sys.executable, "-c", code, inventory], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"cannot load inventory {inventory}: {out.stderr.strip()[-500:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _inventory(inventory: Inventory | str) -> Inventory:
+    return runner.load_inventory(inventory) if isinstance(inventory, str) else inventory
 
 
-def inventory_groups(inventory: str) -> dict[str, str]:
+def inventory_groups(inventory: Inventory | str) -> dict[str, str]:
     """host -> the cluster it is a node of."""
-    found = _read_inventory(inventory, "{h.name: ((h.data.get('vllm') or {}).get('cluster') or {})"
-                                       ".get('name') for h in inv}")
-    assert isinstance(found, dict)
+    found = {h.name: ((h.data.get("vllm") or {}).get("cluster") or {}).get("name")
+             for h in _inventory(inventory)}
     return {h: c for h, c in found.items() if c}
 
 
-def inventory_hosts(inventory: str, limit: str | None = None) -> tuple[list[str], list[str]]:
+def inventory_hosts(inventory: Inventory | str, limit: str | None = None) -> tuple[list[str], list[str]]:
     """(vLLM hosts, hosts without vllm data) in inventory order; only the first are rolled out."""
-    found = _read_inventory(inventory, "[(h.name, h.data.get('vllm')) for h in inv]")
-    assert isinstance(found, list)
+    found = [(h.name, h.data.get("vllm")) for h in _inventory(inventory)]
     names = [name for name, _ in found]
     if limit:
         wanted = [n.strip() for n in limit.split(",") if n.strip()]
@@ -141,43 +130,40 @@ def inventory_hosts(inventory: str, limit: str | None = None) -> tuple[list[str]
     return ([n for n, v in found if is_vllm_host(v)], [n for n, v in found if not is_vllm_host(v)])
 
 
-def _pyinfra(inventory: str, deploy: str, hosts: list[str], outcome_json: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).parent / "pyinfra"
-    env = {**os.environ, OUTCOME_ENV: outcome_json}
-    # one --limit per host: pyinfra reads a comma-joined list as one pattern, matching nothing
-    limits = [arg for h in hosts for arg in ("--limit", h)]
-    cmd = [str(exe), "-y", *limits, inventory, deploy]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+def outcome_of(result: runner.Result) -> dict[str, Any]:
+    """Each host of the run from pyinfra's State and the deploy's record on it (FleetRun.summary): also
+    where no host connected and the deploy never ran."""
+    return (result.fleet or FleetRun()).summary(result.state)
 
 
-def _classify(host: str, outcome: Mapping, rc: int, output: str = "") -> tuple[str, str]:
-    """A host's outcome from the run's outcome file (vllm_fleet/deploy/run.py), not from printed text.
-    Only a run in which no host connected writes none (the deploy never ran): then pyinfra's own
-    connection error is the one thing read from its output."""
+def _classify(host: str, outcome: Mapping, error: str | None = None) -> tuple[str, str]:
+    """A host's outcome from what the run recorded (vllm_fleet/deploy/run.py), not from printed text."""
     mine = [r for r in outcome.get("smoke", []) if r["host"] == host]
     seen = outcome.get("hosts", {}).get(host)
     if seen is None:
-        if re.search(rf"\[{re.escape(host)}\] (Could not connect|Connection|Authentication)", output):
-            return "unreachable", "could not connect over SSH"
-        return "failed", f"pyinfra exited {rc} before recording an outcome (see its output)"
+        return "failed", error or "not in the run"
     if not seen["connected"]:
         return "unreachable", "could not connect over SSH"
     if any(r.get("note", "").startswith("rolled back") for r in mine):
         return "rolled back", next(r["note"] for r in mine if r.get("note"))
-    if not seen["failed"] and mine and all(r["ok"] for r in mine):
+    if not seen["failed"] and not error and mine and all(r["ok"] for r in mine):
         return ("updated" if any(r.get("changed") for r in mine) else "unchanged"), ""
-    return "failed", (seen["reason"][:300] or f"pyinfra exited {rc}")
+    return "failed", (seen["reason"][:300] or (error or "")[:300] or "pyinfra failed the host")
 
 
-def run(inventory: str, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm", canary: int = 1, wave: str = "1",
+def run(inventory: str, deploy: Callable[[], Any] | None = None, canary: int = 1, wave: str = "1",
         max_unavailable: int | None = None, limit: str | None = None,
         log: Callable[[str], None] = print) -> RolloutResult:
-    hosts, skipped = inventory_hosts(inventory, limit)
+    """deploy: the @deploy function each wave runs (default: the vLLM deploy)."""
+    if deploy is None:
+        from vllm_fleet.deploy.vllm import deploy_vllm as deploy
+    inv = runner.load_inventory(inventory)
+    hosts, skipped = inventory_hosts(inv, limit)
     if skipped:
         log(f"rollout: {skipped_note(skipped)}")
     if not hosts:
         raise RuntimeError(f"no vLLM hosts in {inventory}" + (f" matching --limit {limit}" if limit else ""))
-    plan = keep_groups_together(waves(hosts, canary, wave, max_unavailable), inventory_groups(inventory))
+    plan = keep_groups_together(waves(hosts, canary, wave, max_unavailable), inventory_groups(inv))
     result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w})
     t0 = time.monotonic()
     log(f"rollout: {len(hosts)} hosts in {len(plan)} waves: "
@@ -185,16 +171,13 @@ def run(inventory: str, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm", cana
     for i, group in enumerate(plan, start=1):
         kind = "canary" if i == 1 and canary else "wave"
         log(f"rollout: {kind} {i}/{len(plan)}: {', '.join(group)} ...")
-        with tempfile.TemporaryDirectory() as tmp:
-            outcome_json = Path(tmp) / "outcome.json"
-            tw = time.monotonic()
-            proc = _pyinfra(inventory, deploy, group, str(outcome_json))
-            took = time.monotonic() - tw
-            outcome = json.loads(outcome_json.read_text()) if outcome_json.exists() else {}
-        output = ANSI.sub("", proc.stdout + proc.stderr)  # shown when a wave stops
+        tw = time.monotonic()
+        ran = runner.run(inv, deploy, group, capture=True)  # shown when a wave stops
+        took = time.monotonic() - tw
+        outcome = outcome_of(ran)
         for h in group:
             o = result.hosts[h]
-            o.outcome, o.detail = _classify(h, outcome, proc.returncode, output)
+            o.outcome, o.detail = _classify(h, outcome, ran.error)
             o.seconds = took
             mine = [r for r in outcome.get("smoke", []) if r["host"] == h]
             if mine:
@@ -203,10 +186,11 @@ def run(inventory: str, deploy: str = "vllm_fleet.deploy.vllm.deploy_vllm", cana
                 o.latency_ms = sum(c["ms"] for r in mine for c in r["checks"] if c["name"] == "completion")
         log(f"rollout: {kind} {i}/{len(plan)} done in {took:.0f} s: "
             + ", ".join(f"{h} {result.hosts[h].outcome}" for h in group))
-        if proc.returncode != 0:
+        if not ran.ok or any(result.hosts[h].outcome in ("failed", "unreachable", "rolled back")
+                             for h in group):
             result.stopped_at = i
-            tail = "\n".join(output.strip().splitlines()[-12:])
-            log(f"rollout: stopping: wave {i} failed (pyinfra exit {proc.returncode}); last lines:\n{tail}")
+            tail = "\n".join(ANSI.sub("", ran.output).strip().splitlines()[-12:])
+            log(f"rollout: stopping: wave {i} failed; pyinfra's last lines:\n{tail}")
             break
     result.seconds = time.monotonic() - t0
     return result

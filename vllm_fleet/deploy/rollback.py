@@ -20,7 +20,7 @@ from vllm_fleet.deploy.vllm import Refused, plan_this_host, this_host
 def _rollback(plan) -> None:
     try:
         _restore_previous(plan)
-    except Exception as e:  # kept for the run's outcome file (what `vllm-fleet rollback` reads)
+    except Exception as e:  # kept for the run's record (what `vllm-fleet rollback` reads)
         current().fail(host.name, e)
         raise
 
