@@ -62,50 +62,158 @@ class ServeFlags(BaseModel):
     """Flags of one vLLM instance, as the operator may set them in the inventory (snake_case keys)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+    # a field's docstring is its documentation: docs/inventory.md's tables are generated from it (keydoc.py)
 
     # Filled by the planner from the instance's model spec, never by hand.
     model: str | None = Field(None, json_schema_extra=_meta())
+    """never set by hand
+
+    default: derived
+    from: model spec
+    """
     served_model_name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", json_schema_extra=_meta()
     )
+    """default: `model.name`
+    from: seed 003: short, stable, versioned
+    """
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, json_schema_extra=_meta())
+    """`bfloat16` on compute capability ≥ 8.0, `float16` below; CPU: `bfloat16` with AVX2/AVX-512
+
+    default: derived
+    from: seed 003
+    """
     quantization: Literal["awq", "gptq", "fp8", "compressed-tensors", "awq_marlin",
                           "gptq_marlin", "modelopt", "mxfp4"] | None = Field(
         None, json_schema_extra=_meta())
+    """only for pre-quantized weights (`awq`, `gptq`, `fp8`, …)
+
+    from: seed 003
+    """
     trust_remote_code: bool = Field(False, json_schema_extra=_meta())
+    """on only when the model card says so
+
+    from: seed 003
+    """
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, json_schema_extra=_meta(platforms=("cuda",)))
+    """CUDA only
+
+    from: seed 003 (vLLM's own is 0.92)
+    """
     max_model_len: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
+    """checked by the memory preflight
+
+    default: the model's
+    from: seed 000: fit to the application
+    """
     max_num_seqs: int = Field(256, ge=1, le=65_536, json_schema_extra=_meta())
+    """from: seed 003"""
     max_num_batched_tokens: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
+    """below `max_model_len` needs chunked prefill (refused otherwise)
+
+    default: vLLM's
+    from: seed 000
+    """
     # The seeds' 16 suits CUDA; vLLM's CPU backend wants multiples of 32 (its default is 128), so on CPU
     # hosts the planner leaves it unset unless the inventory sets it.
     block_size: Literal[8, 16, 32, 64, 128, 256] | None = Field(None, json_schema_extra=_meta())
+    """CPU backend wants multiples of 32
+
+    default: `16` on CUDA, vLLM's (128) on CPU
+    from: seed 003
+    """
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, json_schema_extra=_meta())
+    """the instance's GPUs if they divide the attention (and KV) heads, else the largest power of two that
+    does, with a warning; an explicit value that does not divide is refused
+
+    default: derived
+    from: seed 003
+    """
     pipeline_parallel_size: int = Field(1, ge=1, le=64, json_schema_extra=_meta())
+    """pipeline stages share the instance's GPUs
+
+    from: seed 003
+    """
     enable_prefix_caching: bool | None = Field(None, json_schema_extra=_meta())
+    """rendered only when set
+
+    default: vLLM's (on)
+    from: seed 000
+    """
     enable_chunked_prefill: bool | None = Field(None, json_schema_extra=_meta())
+    """rendered only when set
+
+    default: vLLM's (on)
+    from: seed 000
+    """
     enforce_eager: bool = Field(False, json_schema_extra=_meta())
+    """trades CUDA graphs for memory; the lab sets it for faster CPU starts
+
+    from: seed 003
+    """
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
         None, json_schema_extra=_meta())
+    """`fp8*` halves the KV cache
+
+    default: vLLM's (`auto`)
+    """
     host: str = Field("127.0.0.1", json_schema_extra=_meta())
+    """`0.0.0.0` for remote clients (needs a key)
+
+    from: seed 003
+    """
     port: int = Field(8000, ge=1, le=65_535, json_schema_extra=_meta())
+    """unique per host
+
+    from: seed 003
+    """
     # seconds vLLM lets in-flight requests finish on SIGTERM (vLLM's own 0 aborts them)
     shutdown_timeout: int | None = Field(SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
                                          json_schema_extra=_meta(since="0.11.0"))
+    """seconds vLLM lets in-flight requests finish on SIGTERM, so a restart cuts no stream;
+    `TimeoutStopSec` is this + 30 s
+
+    from: this toolkit (vLLM's own 0 aborts in-flight requests)
+    """
     distributed_executor_backend: Literal["mp", "uni", "ray", "external_launcher"] | None = Field(
         None, json_schema_extra=_meta())
+    """`mp`, `uni`, `ray`, `external_launcher`; cluster nodes need `mp` (refused otherwise)
+
+    default: vLLM's
+    """
     # Set by the planner from `vllm.cluster` (a model spanning nodes), never by hand: vLLM's own
     # multi-node mode for the mp executor (vLLM PR #23691, Oct 2025; read in 0.32.0's ParallelConfig).
     nnodes: int | None = Field(None, ge=2, le=1024, json_schema_extra=_meta(since="0.12.0", planner=True))
+    """set by the planner for cluster nodes; refused in the inventory
+
+    default: from `cluster`
+    """
     node_rank: int | None = Field(None, ge=0, le=1023, json_schema_extra=_meta(since="0.12.0", planner=True))
+    """set by the planner for cluster nodes; refused in the inventory
+
+    default: from `cluster`
+    """
     master_addr: str | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True))
+    """set by the planner for cluster nodes; refused in the inventory
+
+    default: from `cluster`
+    """
     master_port: int | None = Field(None, ge=1, le=65_535,
                                     json_schema_extra=_meta(since="0.12.0", planner=True))
+    """set by the planner for cluster nodes; refused in the inventory
+
+    default: from `cluster`
+    """
     headless: bool | None = Field(None, json_schema_extra=_meta(since="0.12.0", planner=True,
                                                                 negatable=False))
+    """set by the planner for cluster nodes; refused in the inventory
+
+    default: from `cluster`
+    """
     # Checked pass-through for flags without a typed field: long names only, values scalar, validated by
     # the installed vLLM's own parser on the host before any restart.
     extra_args: dict[str, Scalar | Seq[Scalar]] = Field(default_factory=dict)
+    """other long flags, checked by name here and parsed by the release's own vLLM before any restart"""
 
     @model_validator(mode="before")
     @classmethod

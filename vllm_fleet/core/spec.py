@@ -71,6 +71,7 @@ HOST_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.@:+-]{0,252}$"
 
 # Every inventory model: unknown keys refused, values at their own Python type (an int for a float is
 # the one conversion strict mode makes, and it loses nothing).
+# a field's docstring is its documentation: docs/inventory.md's tables are generated from it (keydoc.py)
 STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -155,12 +156,13 @@ class WatchdogSpec(BaseModel):
     model_config = STRICT
 
     enabled: bool = True
-    # seconds between the end of one probe and the start of the next
+    """`False` removes the timer and its probe unit"""
     interval_s: int = Field(30, ge=2, le=3600)
-    # a completion of one token that takes longer than this counts as a failure
+    """seconds from the end of one probe to the start of the next"""
     timeout_s: int = Field(30, ge=1, le=600)
-    # failed probes in a row before the restart
+    """a completion slower than this is a failure"""
     failures: int = Field(3, ge=1, le=20)
+    """failed probes in a row before the restart (with the defaults: within 180 s)"""
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
 
@@ -171,23 +173,51 @@ class InstanceSpec(BaseModel):
     model_config = STRICT
 
     name: str = Field("default", pattern=INSTANCE_NAME)
+    """unit `vllm-<name>.service`, `/etc/vllm/<name>.yaml`, `.environment` and `.env`"""
     model: ModelSpec
-    # GPUs this instance gets: a count (the first N free ones) or explicit indexes; None = all of them.
+    """`name` and one source: `path` staged from the controller, `host_path` already on the host, or
+    `hf_repo` (with an optional `revision`) downloaded by vLLM on the host; `name` is the served model
+    name
+    """
     gpus: Annotated[int, Field(ge=1, le=64)] | Annotated[Seq[Annotated[int, Field(ge=0, le=63)]],
                                                           Field(min_length=1)] | None = None
+    """a count (first N free) or a list of indexes; a GPU no build of the release supports is left out with
+    a warning, and only an instance pinned to it is refused; sets `CUDA_VISIBLE_DEVICES` and the TP size
+
+    default: all free GPUs vLLM can use
+    """
     flags: ServeFlags = Field(default_factory=ServeFlags)
-    # None: no key at all (refused on a non-loopback bind unless port_protected_elsewhere).
+    """`vllm serve` flags
+
+    default: see below
+    from: seeds
+    """
     api_key_env: str | None = Field("VLLM_API_KEY", pattern=ENV_NAME)
+    """controller variable holding the key; `None`: no key (refused on a non-loopback bind unless
+    `port_protected_elsewhere`)
+    """
     hf_token_env: str | None = Field(None, pattern=ENV_NAME)
-    # Non-secret environment for the unit (VLLM_* tuning, proxies). Secrets go through *_env names.
+    """controller variable holding an HF token (becomes `HF_TOKEN` in the env file)"""
     env: dict[str, str] = Field(default_factory=dict)
-    # Non-loopback bind without a key is refused unless the operator says the port is guarded elsewhere.
+    """extra non-secret environment for the unit; secret-looking and planner-owned names are refused"""
     port_protected_elsewhere: bool = False
-    # CPU hosts: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE).
+    """allow a network bind without a key (a firewall or proxy guards the port)"""
     cpu_kvcache_gib: int = Field(1, ge=1, le=4096)
+    """CPU hosts: `VLLM_CPU_KVCACHE_SPACE`"""
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
-    # Exact paths answered without the key (vllm_fleet/host/keyguard.py); every other route needs it.
+    """a probe with a real completion that restarts a hung engine (`enabled`, `interval_s`, `timeout_s`,
+    `failures`)
+
+    default: on
+    """
     open_paths: Seq[str] = Field(default_factory=lambda: ["/health"])
+    """exact paths answered without the key on an instance with one; every other route (POST
+    `/invocations`, `/scale_elastic_ep`, websockets, `/metrics`, the docs) needs `Authorization: Bearer
+    <key>`, checked by vllm-fleet's key guard loaded through vLLM's `--middleware` (vLLM's own check
+    covers `/v1`, `/v2`, `/inference`, `/cohere` only). May hold `/health` (required), `/metrics`,
+    `/ping`, `/version`; add `/metrics` for Prometheus (`vllm-fleet targets` leaves an instance out
+    otherwise)
+    """
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
 
@@ -277,16 +307,39 @@ class HostSpec(BaseModel):
     model_config = STRICT
 
     version: str = Field("0.32.0", pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$")
+    """vLLM release; must be in `vllm_fleet/data/variants.toml`
+
+    from: this toolkit's tested release
+    """
     accelerator: Literal["cuda", "cpu"] = "cuda"
-    # Force a build variant (cu130, cu129, cpu); still checked against the driver and GPUs.
+    """`cuda` (variant chosen from nvidia-smi) or `cpu` (vLLM's CPU build)"""
     variant: str | None = None
-    # cache: the controller's wheel cache is copied to the host, installed with --no-index (air-gapped);
-    # registry: the host installs from package indexes itself.
+    """force `cu130`, `cu129`, `cpu`; still checked against driver and GPUs
+
+    from: chosen from facts
+    """
     install_source: Literal["cache", "registry"] = "cache"
+    """`cache`: controller wheel cache → host, `--no-index`; `registry`: the host installs from indexes
+
+    from: air-gapped default
+    """
     keep_releases: int = Field(3, ge=2, le=20)
+    """releases kept under `/opt/vllm/releases` (current and previous are never pruned)"""
     ready_timeout_s: int = Field(600, ge=10, le=7200)
+    """bound on the wait for `/health` after a restart; also the unit's `TimeoutStartSec`"""
     instances: Seq[InstanceSpec] = Field(min_length=1)
+    """list of instances; instance keys at host level are the one-instance shorthand, or, next to
+    `instances`, defaults every instance inherits
+
+    default: one `default`
+    """
     cluster: ClusterSpec | None = None
+    """this host is a node of a group serving one model
+    ([topologies](topologies.md#a-model-spanning-nodes)): `name`, `nodes` (inventory names, head first),
+    `split` (`pipeline`: a stage per node, TP over its GPUs; `tensor`: one TP group over all nodes),
+    `address` (the node's IP on the cluster network; default its `ssh_hostname`), `master_port`
+    (`29501`)
+    """
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
 
