@@ -87,9 +87,9 @@ def test_each_host_is_classified_from_the_runs_record_not_its_printed_text():
                "smoke": [ok, {"host": "b", "ok": False, "changed": True, "note": "rolled back to 0.31.0-cpu"},
                          {"host": "e", "ok": True, "changed": False, "note": ""}]}
     assert _classify("a", outcome) == ("updated", "")
-    assert _classify("b", outcome) == ("rolled back", "rolled back to 0.31.0-cpu")
+    assert _classify("b", outcome) == ("rolled back", "change failed and was rolled back")
     assert _classify("c", outcome) == ("unreachable", "could not connect over SSH")
-    assert _classify("d", outcome) == ("failed", "d: refused, nothing was changed")
+    assert _classify("d", outcome) == ("failed", "refused, nothing was changed")
     assert _classify("e", outcome) == ("unchanged", "")
     # pyinfra failed the host without the deploy saying why: the run's own error, else that it failed
     assert _classify("f", outcome, "No hosts remaining!") == ("failed", "No hosts remaining!")

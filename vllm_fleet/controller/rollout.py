@@ -144,11 +144,12 @@ def _classify(host: str, outcome: Mapping, error: str | None = None) -> tuple[st
         return "failed", error or "not in the run"
     if not seen["connected"]:
         return "unreachable", "could not connect over SSH"
-    if any(r.get("note", "").startswith("rolled back") for r in mine):
-        return "rolled back", next(r["note"] for r in mine if r.get("note"))
+    reason = seen["reason"].removeprefix(f"{host}: ")[:300]  # the table names the host already
+    if any(r.get("note", "").startswith("rolled back") for r in mine):  # the deploy's reason says why
+        return "rolled back", (reason or next(r["note"] for r in mine if r.get("note")))
     if not seen["failed"] and not error and mine and all(r["ok"] for r in mine):
         return ("updated" if any(r.get("changed") for r in mine) else "unchanged"), ""
-    return "failed", (seen["reason"][:300] or (error or "")[:300] or "pyinfra failed the host")
+    return "failed", (reason or (error or "")[:300] or "pyinfra failed the host")
 
 
 def run(inventory: str, deploy: Callable[[], Any] | None = None, canary: int = 1, wave: str = "1",

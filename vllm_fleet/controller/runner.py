@@ -151,6 +151,11 @@ def run(inventory: Inventory, deploy: Callable[[], Any], hosts: Iterable[str] | 
             print(f"--> pyinfra error: {e}", file=sys.stderr)
         finally:
             disconnect_all(state)
+            # hosts the deploy reached outside the limit (a wave's load balancer) are connected on
+            # demand and not disconnected by pyinfra; the next run in this process starts them anew
+            for h in inventory:
+                if h.connected:
+                    h.disconnect()
             fleet = getattr(state, "_vllm_fleet_run", None)
             if fleet is not None:
                 fleet.finish(state)  # where no host connected, no disconnect printed it
