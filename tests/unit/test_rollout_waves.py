@@ -98,7 +98,20 @@ def test_each_host_is_classified_from_the_runs_record_not_its_printed_text():
     assert _classify("e", outcome, "lab9: refused")[0] == "failed"
 
 
-def test_a_run_where_no_host_connected_still_names_each_host_unreachable(tmp_path):
+@pytest.fixture
+def in_process(monkeypatch):
+    """The runner puts pyinfra in CLI mode for the process (as pyinfra's CLI does); undone after the
+    test, so the API-mode tests of this session see pyinfra as they expect."""
+    import pyinfra
+    from pyinfra import logger
+
+    monkeypatch.setattr(pyinfra, "is_cli", pyinfra.is_cli)
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "level", logger.level)
+
+
+def test_a_run_where_no_host_connected_still_names_each_host_unreachable(tmp_path, in_process):
     """No deploy code ran (no host connected), so the deploy recorded nothing: pyinfra's State alone
     says which hosts did not connect. A real connection attempt to a closed local port."""
     import socket
@@ -117,3 +130,30 @@ def test_a_run_where_no_host_connected_still_names_each_host_unreachable(tmp_pat
     assert not result.ok and result.error == "No hosts remaining!"
     assert _classify("gone-01", outcome_of(result), result.error) == ("unreachable",
                                                                        "could not connect over SSH")
+
+
+def test_two_runs_in_one_process_keep_their_own_record_and_connections(tmp_path, in_process):
+    """What a rollout does wave after wave: each run gets its own record on its own State, and ends with
+    no host of the shared inventory still connected. pyinfra's @local connector: a real connection to
+    this machine, no SSH."""
+    from pyinfra import host
+    from pyinfra.api import deploy
+    from pyinfra.facts.server import Hostname
+
+    from vllm_fleet.controller import runner
+    from vllm_fleet.deploy.run import current
+
+    @deploy("probe")
+    def probe() -> None:
+        current().rows.setdefault("seen", []).append((host.name, host.get_fact(Hostname)))
+
+    inv = tmp_path / "inv.py"
+    inv.write_text('hosts = ["@local"]\n')
+    inventory = runner.load_inventory(str(inv))
+    first = runner.run(inventory, probe, capture=True)
+    second = runner.run(inventory, probe, ["@local"], capture=True)
+    assert first.ok and second.ok, first.output + second.output
+    assert first.fleet is not None and second.fleet is not None and first.fleet is not second.fleet
+    assert [name for name, _ in first.fleet.rows["seen"]] == ["@local"]
+    assert [name for name, _ in second.fleet.rows["seen"]] == ["@local"]
+    assert not any(h.connected for h in inventory)
