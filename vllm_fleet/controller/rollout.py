@@ -119,14 +119,12 @@ def inventory_groups(inventory: Inventory | str) -> dict[str, str]:
 
 def inventory_hosts(inventory: Inventory | str, limit: str | None = None) -> tuple[list[str], list[str]]:
     """(vLLM hosts, hosts without vllm data) in inventory order; only the first are rolled out."""
-    found = [(h.name, h.data.get("vllm")) for h in _inventory(inventory)]
-    names = [name for name, _ in found]
-    if limit:
-        wanted = [n.strip() for n in limit.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in names]
-        if unknown:
-            raise RuntimeError(f"--limit names hosts not in the inventory: {', '.join(unknown)}")
-        found = [(name, v) for name, v in found if name in wanted]
+    inv = _inventory(inventory)
+    try:  # read as every other command reads it (a host, a group or a glob)
+        wanted = runner.limit_hosts(inv, limit)
+    except ValueError as e:
+        raise RuntimeError(str(e)) from None
+    found = [(h.name, h.data.get("vllm")) for h in inv if wanted is None or h.name in wanted]
     return ([n for n, v in found if is_vllm_host(v)], [n for n, v in found if not is_vllm_host(v)])
 
 

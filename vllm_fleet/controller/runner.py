@@ -72,14 +72,17 @@ def limit_hosts(inventory: Inventory, limit: str | None) -> list[str] | None:
     if not limit:
         return None
     wanted: set[str] = set()
+    unknown = []
     for pattern in (p.strip() for p in limit.split(",") if p.strip()):
         try:
             found = {h.name for h in inventory.get_group(pattern)}
         except NoGroupError:
             found = {h.name for h in inventory if fnmatch(h.name, pattern)}
-        if not found:
-            raise ValueError(f"--limit {pattern}: no host or group of the inventory by that name")
+        unknown += [] if found else [pattern]
         wanted |= found
+    if unknown:
+        raise ValueError(f"--limit names hosts not in the inventory: {', '.join(unknown)} "
+                         "(no host, group or glob matches)")
     return [h.name for h in inventory if h.name in wanted]
 
 
@@ -97,9 +100,6 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.error is None and not self.state.failed_hosts and not (self.fleet and self.fleet.failures)
-
-    def connected(self, name: str) -> bool:
-        return any(h.name == name for h in self.state.activated_hosts)
 
 
 def run(inventory: Inventory, deploy: Callable[[], Any], hosts: Iterable[str] | None = None,
@@ -160,7 +160,3 @@ def run(inventory: Inventory, deploy: Callable[[], Any], hosts: Iterable[str] | 
             if fleet is not None:
                 fleet.finish(state)  # where no host connected, no disconnect printed it
     return Result(state, error, out.getvalue())
-
-
-def exit_code(result: Result) -> int:
-    return 0 if result.ok else 1
