@@ -9,20 +9,23 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.context import ctx_host
 from pyinfra.operations import python
 
 from vllm_fleet.deploy import lb, smoke
 from vllm_fleet.deploy.facts import VllmHost
-from vllm_fleet.deploy.run import current
 from vllm_fleet.deploy.vllm import Refused, plan_this_host, this_host
 
 
-def _rollback(plan) -> None:
-    try:
-        _restore_previous(plan)
-    except Exception as e:  # kept for the run's record (what `vllm-fleet rollback` reads)
-        current().fail(host.name, e)
-        raise
+def _rollback(state, host, plan) -> bool:
+    """pyinfra passes (state, host) to a callback that takes them; a failure is reported as the
+    deploy's smoke test reports one (kept for the run's record, logged without a traceback)."""
+    with ctx_host.use(host):
+        try:
+            _restore_previous(plan)
+        except Exception as e:
+            return smoke.report_failure(state, host, e)
+    return True
 
 
 def _restore_previous(plan) -> None:

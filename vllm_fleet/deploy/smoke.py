@@ -406,7 +406,7 @@ def smoked(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: b
         verify(**kwargs)
     except Exception as e:  # the host fails through the operation, with the same message
         current().verdicts[host.name] = e
-        yield FunctionCommand(_report_failure, (), {"error": e})
+        yield FunctionCommand(report_failure, (), {"error": e})
 
 
 def _verdict(state, host, **kwargs) -> bool:
@@ -417,11 +417,11 @@ def _verdict(state, host, **kwargs) -> bool:
             verify(**kwargs)
         except Exception as e:
             current().verdicts[host.name] = e
-            return _report_failure(state, host, e)
+            return report_failure(state, host, e)
     return True
 
 
-def _report_failure(state, host, error: Exception) -> bool:
+def report_failure(state, host, error: Exception) -> bool:
     current().fail(host.name, error)  # the rollback's own reason replaces it, if one follows
     host.log_styled(str(error), fg="red", log_func=logger.error)
     return False
