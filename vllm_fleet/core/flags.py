@@ -64,7 +64,6 @@ class ServeFlags(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     # a field's docstring is its documentation: docs/inventory.md's tables are generated from it (keydoc.py)
 
-    # Filled by the planner from the instance's model spec, never by hand.
     model: str | None = Field(None, json_schema_extra=_meta())
     """never set by hand
 
@@ -167,7 +166,6 @@ class ServeFlags(BaseModel):
 
     from: seed 003
     """
-    # seconds vLLM lets in-flight requests finish on SIGTERM (vLLM's own 0 aborts them)
     shutdown_timeout: int | None = Field(SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
                                          json_schema_extra=_meta(since="0.11.0"))
     """seconds vLLM lets in-flight requests finish on SIGTERM, so a restart cuts no stream;

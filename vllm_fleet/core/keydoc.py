@@ -90,8 +90,8 @@ def table(model: type[BaseModel], first: str) -> str:
     last = "notes" if first == "flag" else "meaning"
     lines = [f"| {first} | default | from | {last} |", "|---|---|---|---|"]
     for name in model.model_fields:
-        lines.append("| " + " | ".join(c if c else "" for c in row(model, name)) + " |")
-    return "\n".join(line.replace("|  |", "| |") for line in lines)
+        lines.append("| " + " | ".join(row(model, name)) + " |")
+    return "\n".join(line.replace("|  |", "| |") for line in lines)  # an empty cell as the page writes it
 
 
 def update(text: str) -> str:
