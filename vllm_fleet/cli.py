@@ -151,6 +151,10 @@ def _model(args: argparse.Namespace) -> int:
     return 0
 
 
+# read by runner.limit_hosts, as pyinfra reads each --limit value
+LIMIT_HELP = "comma-separated hosts, groups or globs of the inventory"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     plan_p = sub.add_parser("plan", help="per host: GPUs, driver, variant and why, TP, dtype "
                                          "(changes nothing)")
     plan_p.add_argument("inventory")
-    plan_p.add_argument("--limit")
+    plan_p.add_argument("--limit", help=LIMIT_HELP)
     plan_p.add_argument("--diff", action="store_true",
                         help="then each file a deploy would change, as a diff (needs the deploy's secrets)")
     plan_p.set_defaults(func=_plan)
@@ -185,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"hosts in the first wave (default {canary})")
         r.add_argument("--wave", default="1", help="hosts per later wave: N or P%% of the fleet (default 1)")
         r.add_argument("--max-unavailable", type=int, help="never more hosts changing at once than this")
-        r.add_argument("--limit", help="comma-separated hosts, in inventory order")
+        r.add_argument("--limit", help=LIMIT_HELP + "; waves keep inventory order")
         r.set_defaults(func=func)
     st = sub.add_parser("status", help="per host: release, config, service state, smoke test (read only)")
     st.add_argument("inventory")
-    st.add_argument("--limit", help="comma-separated hosts")
+    st.add_argument("--limit", help=LIMIT_HELP)
     st.add_argument("--watch", type=_positive, nargs="?", const=10, metavar="SECONDS",
                     help="refresh every SECONDS (default 10) until Ctrl-C")
     st.set_defaults(func=_status)
@@ -200,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     tg = sub.add_parser("targets", help="Prometheus file_sd targets of every network-reachable instance "
                                         "(read only)")
     tg.add_argument("inventory")
-    tg.add_argument("--limit", help="comma-separated hosts")
+    tg.add_argument("--limit", help=LIMIT_HELP)
     tg.add_argument("--output", default=DEFAULT_OUTPUT,
                     help=f"file_sd JSON file, replaced atomically (default ./{DEFAULT_OUTPUT})")
     tg.set_defaults(func=_targets)
 
     lg = sub.add_parser("logs", help="per host and instance: the journal's last lines (read only)")
     lg.add_argument("inventory")
-    lg.add_argument("--limit", help="comma-separated hosts")
+    lg.add_argument("--limit", help=LIMIT_HELP)
     lg.add_argument("--instance", help="only this instance (default: every instance of the host)")
     lg.add_argument("--lines", type=_positive, default=DEFAULT_LINES,
                     help=f"lines per instance (default {DEFAULT_LINES})")
