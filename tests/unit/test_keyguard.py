@@ -143,7 +143,7 @@ def _plan(inst: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
     from vllm_fleet.core.plan import HostFacts, plan_host
     from vllm_fleet.core.spec import parse_host
 
-    data = {"accelerator": "cpu", "model": {"name": "tiny", "hf_repo": "org/tiny"}, **inst}
+    data = {"accelerator": "cpu", "model": {"name": "tiny", "host_path": "/opt/models/tiny"}, **inst}
     return plan_host("h", parse_host("h", data), HostFacts(), {"VLLM_API_KEY": KEY} if environ is None
                      else environ).instances[0]
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.hub import HubFile, HubSnapshot
 from vllm_fleet.core.plan import (
     HostFacts,
     HostPlan,
@@ -41,11 +42,11 @@ def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, ov
 
 def plan(data: dict, facts: HostFacts | None = None, environ: dict | None = None,
          configs: dict | None = None, choose_variant: Any = fake_variant,
-         model_digests: dict | None = None) -> HostPlan:
+         model_digests: dict | None = None, hub: dict | None = None) -> HostPlan:
     spec = parse_host(HOST, data)
     return plan_host(HOST, spec, facts if facts is not None else HostFacts(gpus=gpus(1)),
                      ENV if environ is None else environ, configs, choose_variant=choose_variant,
-                     model_digests=model_digests)
+                     model_digests=model_digests, hub=hub)
 
 
 def refused(*args: Any, **kw: Any) -> list[str]:
@@ -254,7 +255,9 @@ def test_custom_key_variables_named_and_mapped() -> None:
     assert "FLEET_HF" in lines[1] and "HF_TOKEN on the host" in lines[1]
     p = plan(data, environ={"FLEET_PROD_KEY": KEY, "FLEET_HF": "hf_tok_5d4c3b2a"})
     inst = p.instances[0]
-    assert inst.secret_env == {"VLLM_API_KEY": "FLEET_PROD_KEY", "HF_TOKEN": "FLEET_HF"}
+    # the HF token is a hub fetch's, never vLLM's: not in the unit's env file, and no fetch here
+    assert inst.secret_env == {"VLLM_API_KEY": "FLEET_PROD_KEY"}
+    assert inst.hub_token_env is None
     assert inst.api_key_required is True
 
 
@@ -388,15 +391,40 @@ def test_cpu_host_ignores_gpu_facts_default_kv_space() -> None:
     assert p.instances[0].gpu_indexes == ()
 
 
-def test_hf_repo_model_goes_online_with_revision() -> None:
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def snapshot(config: dict | None = None, **kw: Any) -> HubSnapshot:
+    files = (HubFile("config.json", 700), HubFile("model.safetensors", 16 * 2**30, "ab" * 32))
+    return HubSnapshot(**{"repo": "Qwen/Qwen3-8B", "revision": "v1.0", "sha": SHA,
+                          "endpoint": "https://hub.example", "files": files,
+                          "config": config if config is not None else heads(32, 8)["default"], **kw})
+
+
+def test_hf_repo_model_serves_the_fetched_commit_offline() -> None:
     data = {"model": {"name": "qwen3", "hf_repo": "Qwen/Qwen3-8B", "revision": "v1.0"},
             "hf_token_env": "HF_TOKEN"}
-    inst = plan(data, environ={**ENV, "HF_TOKEN": "hf_x"}).instances[0]
-    assert inst.flags["model"] == "Qwen/Qwen3-8B"
+    inst = plan(data, environ={**ENV, "HF_TOKEN": "hf_x"}, hub={"default": snapshot()}).instances[0]
+    assert inst.flags["model"] == f"/var/lib/vllm/hf/hub/models--Qwen--Qwen3-8B/snapshots/{SHA}"
     assert inst.flags["served-model-name"] == "qwen3"
-    assert inst.flags["revision"] == "v1.0"
+    assert "revision" not in inst.flags  # the directory is the commit
     assert inst.stage_from is None
-    assert "HF_HUB_OFFLINE" not in inst.environment
+    assert inst.environment["HF_HUB_OFFLINE"] == "1"
+    assert (inst.hub_token_env, inst.hub_token_path) == ("HF_TOKEN", "/etc/vllm/default.hub.env")
+    assert "HF_TOKEN" not in inst.secret_env
+
+
+def test_hf_repo_model_is_checked_from_the_commits_config() -> None:
+    data = {"model": {"name": "q", "hf_repo": "Qwen/Qwen3-8B"}, "gpus": 4,
+            "flags": {"tensor_parallel_size": 4}}
+    problems = refused(data, HostFacts(gpus=gpus(4)), hub={"default": snapshot({"num_attention_heads": 6})})
+    assert any("tensor_parallel_size" in p and "6" in p for p in problems), problems
+
+
+def test_hf_repo_model_without_a_resolved_commit_is_refused() -> None:
+    problems = refused({"model": {"name": "q", "hf_repo": "Qwen/Qwen3-8B"}})
+    assert problems == [f"{HOST}: vllm.instances[default].model.hf_repo: Qwen/Qwen3-8B was not resolved to a "
+                        "commit (the controller reads the hub at plan time)"]
 
 
 def test_host_path_model_used_in_place() -> None:

@@ -18,7 +18,7 @@ ENV = {"VLLM_API_KEY": "sk-prom-test"}
 
 
 def cpu_plan(host: str, *instances: dict[str, Any]) -> HostPlan:
-    data = {"accelerator": "cpu", "model": {"name": "tiny-llama", "hf_repo": "org/tiny"},
+    data = {"accelerator": "cpu", "model": {"name": "tiny-llama", "host_path": "/opt/models/tiny"},
             "open_paths": ["/health", "/metrics"],
             "instances": list(instances) or [{"name": "default", "flags": {"host": "0.0.0.0"}}]}
     return plan_host(host, parse_host(host, data), HostFacts(), ENV)
@@ -103,7 +103,7 @@ def test_write_atomically_replaces_the_file_readable_by_prometheus_and_leaves_no
 
 
 def test_an_instance_with_a_key_whose_metrics_are_not_open_is_left_out_with_why() -> None:
-    data = {"accelerator": "cpu", "model": {"name": "tiny-llama", "hf_repo": "org/tiny"},
+    data = {"accelerator": "cpu", "model": {"name": "tiny-llama", "host_path": "/opt/models/tiny"},
             "instances": [{"name": "shut", "flags": {"host": "0.0.0.0"}},
                           {"name": "open", "flags": {"host": "0.0.0.0", "port": 8001},
                            "open_paths": ["/health", "/metrics"]}]}

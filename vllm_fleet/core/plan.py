@@ -17,6 +17,7 @@ from typing import Any
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.flags import SHUTDOWN_TIMEOUT_S, render_flags
 from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.hub import TOKEN_SUFFIX, HubSnapshot
 from vllm_fleet.core.modelinfo import ModelInfoError, from_config
 from vllm_fleet.core.sizing import estimate, estimate_cpu
 from vllm_fleet.core.spec import VLLM_WRITABLE, HostSpec, InstanceSpec, SpecError
@@ -127,7 +128,7 @@ class InstancePlan:
     config_path: str
     env_path: str
     served_name: str
-    model_dir: str  # where the weights are on the host (or the hub repo id)
+    model_dir: str  # where the weights are on the host
     stage_from: str | None  # controller directory to copy to model_dir
     flags: dict[str, Any]
     environment: dict[str, str]
@@ -150,6 +151,10 @@ class InstancePlan:
     # /dev/infiniband nodes the unit allows (a cluster node's NCCL over RDMA); non-empty also raises
     # LimitMEMLOCK, since verbs pin their buffers
     rdma_devices: tuple[str, ...] = ()
+    # an hf_repo model: the commit fetched into model_dir before the restart, and the controller variable
+    # holding the token the fetch uses (vllm_fleet/deploy/hub.py)
+    hub: HubSnapshot | None = None
+    hub_token_env: str | None = None
 
     @property
     def watchdog_units(self) -> tuple[str, str]:
@@ -172,6 +177,11 @@ class InstancePlan:
         """The unit's non-secret environment, 0600 like the keys (a proxy URL may hold a password) but
         snapshotted with config and unit, so a rollback restores it; the keys' file never is."""
         return self.config_path.removesuffix(".yaml") + ".environment"
+
+    @property
+    def hub_token_path(self) -> str:
+        """The fetch's token, 0600 root, beside the env file the unit reads (never this one)."""
+        return self.config_path.removesuffix(".yaml") + TOKEN_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -328,11 +338,13 @@ def _check_gpu_health(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], facts:
 def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
               model_configs: Mapping[str, Mapping[str, Any]] | None = None,
               choose_variant=None, weight_bytes: Mapping[str, int | None] | None = None,
-              node: NodeRole | None = None, model_digests: Mapping[str, str] | None = None) -> HostPlan:
+              node: NodeRole | None = None, model_digests: Mapping[str, str] | None = None,
+              hub: Mapping[str, HubSnapshot] | None = None) -> HostPlan:
     """Decide everything for one host, or raise SpecError naming host and field.
 
     `model_configs` maps instance name -> the model's config.json (heads for TP, sizes for the memory
-    preflight), `weight_bytes` instance name -> the weights' size from the safetensors headers;
+    preflight), `weight_bytes` instance name -> the weights' size from the safetensors headers; `hub`
+    instance name -> its `hf_repo` model resolved to a commit (vllm_fleet/controller/hub.py);
     `choose_variant` is vllm_fleet.core.variants.choose_variant, injectable for tests; `node` is the host's
     place
     in its node group (vllm_fleet.core.cluster.resolve), None for a stand-alone host.
@@ -377,7 +389,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
         try:
             instances.append(_plan_instance(host, spec, inst, facts, environ, model_configs.get(inst.name),
                                             taken, warnings, (weight_bytes or {}).get(inst.name), node,
-                                            left_out, digests.get(inst.name)))
+                                            left_out, digests.get(inst.name), (hub or {}).get(inst.name)))
         except SpecError as e:
             problems.extend(e.problems)
     if problems:
@@ -403,7 +415,7 @@ def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gp
               model_config: Mapping[str, Any] | None, weights: int | None, *, max_tp: int | None = None,
               host_gpus: int | None = None, tp_multiple: int = 1) -> str | None:
     """Predict an out-of-memory start on the controller (vllm_fleet/core/sizing.py); None when it fits or the
-    model's config is not known here (hub models are sized by vLLM itself at start).
+    model's config is not known here.
 
     The ways out are only what this host allows: a tensor_parallel_size up to ``max_tp`` (the instance's
     GPUs per pipeline stage; default ``tp``), a multiple of ``tp_multiple``; a larger one is said as
@@ -451,13 +463,19 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
                    environ: Mapping[str, str], model_config: Mapping[str, Any] | None,
                    taken: set[int], warnings: list[str], weights: int | None = None,
                    node: NodeRole | None = None, left_out: Mapping[int, str] | None = None,
-                   digest: str | None = None) -> InstancePlan:
+                   digest: str | None = None, hub: HubSnapshot | None = None) -> InstancePlan:
     where = f"{host}: vllm.instances[{inst.name}]"
     f = inst.flags
     problems = []
 
-    secret_env = {host_var: ctl_var for host_var, ctl_var in
-                  (("VLLM_API_KEY", inst.api_key_env), ("HF_TOKEN", inst.hf_token_env)) if ctl_var}
+    # the HF token is the fetch's (InstancePlan.hub_token_env): vLLM serves a fetched snapshot offline
+    secret_env = {"VLLM_API_KEY": inst.api_key_env} if inst.api_key_env else {}
+    if inst.model.hf_repo:
+        if hub is None:
+            raise SpecError([f"{where}.model.hf_repo: {inst.model.hf_repo} was not resolved to a commit "
+                             "(the controller reads the hub at plan time)"])
+        if model_config is None and hub.config is not None:
+            model_config, weights = hub.config, hub.weight_bytes
     problems.extend(missing_secrets(host, inst, environ))
     if inst.api_key_env is None and not _is_loopback(f.host) and not inst.port_protected_elsewhere:
         problems.append(f"{where}.flags.host: {f.host} is reachable from the network and no API key is set; "
@@ -518,7 +536,8 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     elif inst.model.host_path:
         model_dir, stage_from = inst.model.host_path, None
     else:
-        model_dir, stage_from = str(inst.model.hf_repo), None
+        assert hub is not None
+        model_dir, stage_from = hub.directory, None
 
     updates: dict[str, Any] = {
         "model": model_dir,
@@ -533,8 +552,6 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
                        headless=None if node.is_head else True)
     if spec.accelerator == "cuda" and f.block_size is None:
         updates["block_size"] = 16  # the seed's starting value; CPU keeps vLLM's own (128)
-    if inst.model.revision:
-        updates["extra_args"] = {**f.extra_args, "revision": inst.model.revision}
     flags = render_flags(f.model_copy(update=updates), spec.version, spec.accelerator)
     # vLLM's own key check skips /invocations and more: the guard covers every route but the open ones
     guarded = inst.api_key_env is not None and (node is None or node.is_head)
@@ -563,8 +580,8 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
                 warnings.append(f"{host}: vllm.instances[{inst.name}]: no cgroup v2 here, so systemd cannot "
                                 f"enforce the unit's IPAddressAllow=; firewall vLLM's internal ports (store "
                                 f"{node.master_port} on the head) to the nodes of cluster {node.cluster}")
-    if not inst.model.hf_repo:
-        env["HF_HUB_OFFLINE"] = "1"
+    # every source is on the host's disk before the restart: nothing to ask a hub at start
+    env["HF_HUB_OFFLINE"] = "1"
     if spec.accelerator == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid or str(g.index) for g in gpus)
     else:
@@ -589,6 +606,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         shutdown_timeout=f.shutdown_timeout if f.shutdown_timeout is not None else SHUTDOWN_TIMEOUT_S,
         node=node, ip_allow=ip_allow, pipeline_parallel=pp,
         watchdog=watchdog_of(inst, spec.ready_timeout_s, f.host, facts.interfaces, node),
+        hub=hub, hub_token_env=inst.hf_token_env if hub is not None else None,
     )
 
 

@@ -117,7 +117,9 @@ class ModelSpec(BaseModel):
 
     path: a directory on the controller, staged to /opt/vllm/models/<name>/<content digest>, root-owned
         and read-only to vllm (air-gapped friendly).
-    host_path: already on the host. hf_repo: downloaded by vLLM on the host (needs a route to the hub).
+    host_path: already on the host. hf_repo: a hub repository (`hf_endpoint`), `revision` a branch, tag or
+        commit (default `main`), resolved to its commit at plan time and fetched by the deploy before any
+        restart.
     """
 
     model_config = STRICT
@@ -126,7 +128,7 @@ class ModelSpec(BaseModel):
     path: str | None = None
     host_path: str | None = None
     hf_repo: str | None = Field(None, pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: str | None = None
+    revision: str | None = Field(None, pattern=r"^[A-Za-z0-9_./-]+$", max_length=255)
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
 
@@ -176,8 +178,8 @@ class InstanceSpec(BaseModel):
     """unit `vllm-<name>.service`, `/etc/vllm/<name>.yaml`, `.environment` and `.env`"""
     model: ModelSpec
     """`name` and one source: `path` staged from the controller, `host_path` already on the host, or
-    `hf_repo` (with an optional `revision`) downloaded by vLLM on the host; `name` is the served model
-    name
+    `hf_repo` (with an optional `revision`) fetched from `hf_endpoint` by the deploy; `name` is the
+    served model name
     """
     gpus: Annotated[int, Field(ge=1, le=64)] | Annotated[Seq[Annotated[int, Field(ge=0, le=63)]],
                                                           Field(min_length=1)] | None = None
@@ -197,7 +199,9 @@ class InstanceSpec(BaseModel):
     `port_protected_elsewhere`)
     """
     hf_token_env: str | None = Field(None, pattern=ENV_NAME)
-    """controller variable holding an HF token (becomes `HF_TOKEN` in the env file)"""
+    """controller variable holding an HF token: used by the fetch of an `hf_repo` model only (a 0600 root
+    file on the host), never given to vLLM, which serves the fetched snapshot offline
+    """
     env: dict[str, str] = Field(default_factory=dict)
     """extra non-secret environment for the unit; secret-looking and planner-owned names are refused"""
     port_protected_elsewhere: bool = False
@@ -327,6 +331,12 @@ class HostSpec(BaseModel):
     """releases kept under `/opt/vllm/releases` (current and previous are never pruned)"""
     ready_timeout_s: int = Field(600, ge=10, le=7200)
     """bound on the wait for `/health` after a restart; also the unit's `TimeoutStartSec`"""
+    hf_endpoint: str | None = Field(None, pattern=r"^https?://[A-Za-z0-9.:\[\]-]+(/[^\s]*)?$")
+    """the hub `hf_repo` models come from: a site mirror's URL (the controller resolves revisions there at
+    plan time, the hosts fetch from it)
+
+    default: `https://huggingface.co`
+    """
     instances: Seq[InstanceSpec] = Field(min_length=1)
     """list of instances; instance keys at host level are the one-instance shorthand, or, next to
     `instances`, defaults every instance inherits
