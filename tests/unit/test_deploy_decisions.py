@@ -185,3 +185,51 @@ def test_an_old_nvidia_driver_is_refused_naming_the_host(monkeypatch, model_dir)
     with pytest.raises(PyinfraError, match=r"lab1.*470\.57\.02") as refused:
         collect(monkeypatch, vllm, facts)
     assert isinstance(refused.value, Refused), refused.value
+
+
+class HubFacts(Facts):
+    def __init__(self, vllm_host: str, present: dict[str, int], free: int):
+        super().__init__(vllm_host)
+        self.cache = {"present": present, "free": free, "fs_path": "/var/lib/vllm"}
+
+    def get(self, name: str, kwargs: dict[str, Any]) -> Any:
+        return self.cache if name == "HubCache" else super().get(name, kwargs)
+
+
+def hub_collect(monkeypatch, facts: Facts) -> list[tuple[str, list[str]]]:
+    from tests.unit.test_hub import snap
+    from vllm_fleet.controller import hub as hub_api
+
+    monkeypatch.setattr(hub_api, "resolve", lambda *a, **kw: snap())
+    monkeypatch.setenv("FLEET_HF_TOKEN", "hf_decisions_token_0123456789")
+    vllm = {**lab_vllm(1), "hf_endpoint": "http://10.77.0.1:18090", "hf_token_env": "FLEET_HF_TOKEN",
+            "model": {"name": "tiny-llama", "hf_repo": "fleetlab/tiny-llama", "revision": "v1"}}
+    state, host = collect(monkeypatch, vllm, facts)
+    return operations(state, host)
+
+
+def test_a_hub_model_is_fetched_after_the_build_and_before_validation_and_restart(monkeypatch):
+    ops_ = hub_collect(monkeypatch, HubFacts(FRESH, {}, 10 * 2**30))
+    names = changed(ops_)
+    order = ["build release 0.32.0-cpu", "hub token /etc/vllm/default.hub.env",
+             "fetch fleetlab/tiny-llama@v1", "vLLM 0.32.0 validates default", "switch current -> 0.32.0-cpu",
+             "restart vllm-default.service"]
+    positions = [next(i for i, n in enumerate(names) if n.startswith(e)) for e in order]
+    assert positions == sorted(positions), names
+    fetch = next(c for n, c in ops_ if n.startswith("fetch "))
+    assert "hf_decisions_token" not in repr(ops_)
+    validate = next(c for n, c in ops_ if n.startswith("vLLM 0.32.0 validates"))
+    assert "--engine-as vllm" in validate[0]  # the snapshot is read as the user whose cache it is
+    assert fetch  # a python.call: its command runs hubfetch.py at execution
+
+
+def test_a_host_holding_the_snapshot_fetches_nothing_and_one_without_room_is_refused(monkeypatch):
+    from tests.unit.test_hub import snap
+
+    have = {f.path: f.size for f in snap().files}
+    names = [n for n, _ in hub_collect(monkeypatch, HubFacts(FRESH, have, 10 * 2**30))]
+    assert not any(n.startswith("fetch ") for n in names), names
+    with pytest.raises(Refused, match=r"lab1: vllm.instances\[default\].model: fetching "
+                                      r"fleetlab/tiny-llama@v1 = 4e059744c8ca needs 1.9 MiB in "
+                                      r"/var/lib/vllm, 0.0 MiB free there"):
+        hub_collect(monkeypatch, HubFacts(FRESH, {}, 1000))

@@ -251,3 +251,50 @@ class HostModel(FactBase):
             return json.loads("\n".join(output) or "{}")
         except json.JSONDecodeError:
             return {}
+
+
+_HUB_CACHE_PY = r"""
+import json, os, sys
+snap, cache = sys.argv[1], sys.argv[2]
+present = {}
+for root, dirs, files in os.walk(snap):
+    for name in files:
+        path = os.path.join(root, name)
+        try:
+            present[os.path.relpath(path, snap)] = os.stat(path).st_size
+        except OSError:
+            pass
+probe = cache
+while not os.path.isdir(probe) and probe != "/":
+    probe = os.path.dirname(probe)
+st = os.statvfs(probe)
+print(json.dumps({"present": present, "free": st.f_bavail * st.f_frsize, "fs_path": probe}))
+"""
+
+
+class HubCache(FactBase):
+    """
+    Returns what a hub snapshot directory holds on the host (each file's size, links followed as the
+    vllm user follows them) and the free space of the cache's file system:
+
+    .. code:: python
+
+        {"present": {"config.json": 612, "model.safetensors": 2164736}, "free": 51539607552,
+         "fs_path": "/var/lib/vllm"}
+
+    Read as the vllm user (the cache is its own: root never follows a link it planted); before that user
+    exists there is no cache, and only the free space is read.
+    """
+
+    def command(self, snapshot: str, cache: str) -> str:
+        args = f"-c {shlex.quote(_HUB_CACHE_PY)} {shlex.quote(snapshot)} {shlex.quote(cache)}"
+        return (f"if id -u vllm >/dev/null 2>&1; then runuser -u vllm -- python3 {args}; "
+                f"else python3 {args}; fi")
+
+    def process(self, output):
+        try:
+            found = json.loads("\n".join(output) or "{}")
+        except json.JSONDecodeError:
+            found = {}
+        return {"present": found.get("present") or {}, "free": found.get("free"),
+                "fs_path": found.get("fs_path")}

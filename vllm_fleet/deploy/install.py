@@ -38,7 +38,8 @@ HOST_SRC = Path(vllm_fleet.host.__file__).resolve().parent  # the host-side scri
 HOST_PYTHON = "/usr/bin/python3"
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)
-HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py")
+HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py",
+                "hubfetch.py")
 # the key guard vLLM imports (--middleware): alone in its own directory, under its module's name
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
@@ -214,6 +215,7 @@ def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str) 
     server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", commands=[
         f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"
         + (" --api-key-expected" if inst.key_guarded else "")
+        + (" --engine-as vllm" if inst.hub is not None else "")  # its snapshot is in vllm's own cache
         + f" --environment {staged_environment}"])
 
 

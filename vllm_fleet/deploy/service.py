@@ -12,6 +12,7 @@ from pyinfra.operations import files, python, server, systemd
 
 from vllm_fleet.core import render
 from vllm_fleet.core.cluster import NodeRole
+from vllm_fleet.core.hub import TOKEN_SUFFIX
 from vllm_fleet.core.plan import STAGED, HostPlan, InstancePlan
 from vllm_fleet.deploy.ops import Secret, marker_path, stale, synced_files
 from vllm_fleet.deploy.run import current
@@ -30,6 +31,7 @@ def validator_environment(inst: InstancePlan) -> dict[str, str]:
 def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
     return (inst.config_path, inst.env_path, inst.environment_path, f"/etc/systemd/system/{inst.unit}",
+            inst.hub_token_path,
             f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json",
             *(f"/etc/systemd/system/{u}" for u in inst.watchdog_units))
 
@@ -75,6 +77,7 @@ def remove(unit: str, watchdogs: Mapping[str, Mapping[str, str]]) -> list:
                                service=unit, running=False, enabled=False))
     first = len(ops)
     for path in (f"/etc/systemd/system/{unit}", f"/etc/vllm/{name}.yaml", f"/etc/vllm/{name}.env",
+                 f"/etc/vllm/{name}{TOKEN_SUFFIX}", marker_path(f"/etc/vllm/{name}{TOKEN_SUFFIX}"),
                  f"/etc/vllm/{name}.environment", marker_path(f"/etc/vllm/{name}.env"),
                  f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.environment.json",
                  f"{STAGED}/{name}.yaml.at-default"):

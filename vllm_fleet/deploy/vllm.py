@@ -25,7 +25,7 @@ from vllm_fleet.core.plan import STAGED, HostFacts, HostPlan, missing_secrets, p
 from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from vllm_fleet.core.startup import HostPorts
 from vllm_fleet.core.tables import columns
-from vllm_fleet.deploy import install, lb, model, remote, service
+from vllm_fleet.deploy import hub, install, lb, model, remote, service
 from vllm_fleet.deploy.facts import HostModel, VllmHost
 from vllm_fleet.deploy.ops import prefetch
 from vllm_fleet.deploy.run import current
@@ -67,12 +67,18 @@ def skipped_hosts_note() -> str:
 
 
 def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None],
-                                          dict[str, str]]:
-    """config.json and weight size of each model (TP rule, memory preflight), and a staged model's
-    content digest (its host directory): staged models read on the controller, host_path models on the
-    host; hub models are sized by vLLM itself when it starts."""
-    configs, weights, digests = {}, {}, {}
+                                          dict[str, str], dict[str, Any]]:
+    """config.json and weight size of each model (TP rule, memory preflight), a staged model's content
+    digest (its host directory), and a hub model's commit: staged models read on the controller,
+    host_path models on the host, hub models from the hub at the commit the host will fetch."""
+    configs, weights, digests, snapshots = {}, {}, {}, {}
+    problems = []
     for inst in spec.instances:
+        if inst.model.hf_repo:
+            try:
+                snapshots[inst.name] = hub.resolved(spec, inst)
+            except SpecError as e:
+                problems.extend(e.problems)
         if inst.model.path:
             cfg = Path(inst.model.path) / "config.json"
             if not cfg.exists():
@@ -86,7 +92,9 @@ def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, i
             if found.get("config"):
                 configs[inst.name] = found["config"]
                 weights[inst.name] = found.get("weight_bytes")
-    return configs, weights, digests
+    if problems:
+        raise SpecError(problems)
+    return configs, weights, digests, snapshots
 
 
 def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
@@ -136,9 +144,13 @@ def plan_this_host(spec: HostSpec | None = None) -> tuple[HostPlan, dict[str, An
 
 def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str]) -> HostPlan:
     """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused."""
-    configs, weights, digests = _model_facts(spec)
-    return plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
-                     node=current().nodes.get(host.name), model_digests=digests)
+    configs, weights, digests, snapshots = _model_facts(spec)
+    plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
+                     node=current().nodes.get(host.name), model_digests=digests, hub=snapshots)
+    refused = hub.disk_refusals(plan)
+    if refused:
+        raise SpecError(refused)
+    return plan
 
 
 def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
@@ -184,7 +196,8 @@ def _deploy_vllm() -> None:
     release_changing = vh["current"] != plan.release
     model_changed, pending = {}, []
     for inst in plan.instances:
-        model_changed[inst.name] = model.stage(inst)
+        # the hub's files land before validation reads them; the old service serves meanwhile
+        model_changed[inst.name] = model.stage(inst) or hub.fetch(plan, inst, service.instance_paths(inst))
         staged = service.stage_config(plan, inst, release_changing)
         if staged:
             install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml",

@@ -21,6 +21,7 @@ CONFIG.yaml.routes.json: the routes the app registers, which the smoke test prob
 The route is the same in vLLM 0.31-0.33.
 
 Usage: python validate_serve.py CONFIG.yaml [--api-key-expected] [--environment ENV.json]
+                                            [--engine-as USER]
        (exit 0 = accepted; 1 = rejected, reason on stderr)
 """
 
@@ -43,6 +44,7 @@ import effective  # noqa: E402  (uploaded beside this script)
 # The plan guards the instance with its key (InstancePlan.key_guarded); the key itself never comes here.
 KEY_EXPECTED = "--api-key-expected"
 ENVIRONMENT = "--environment"
+ENGINE_AS = "--engine-as"  # the engine config is built as this user (a model in its own cache)
 GUARD = "vllm_fleet_keyguard.KeyGuard"  # core/plan.py's KEYGUARD: what --middleware must hold with a key
 
 
@@ -121,6 +123,51 @@ _HINTS = {"distributed-executor-backend": " (the CPU platform keeps 'uni' only w
                                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 in the instance's env)"}
 
 
+def _engine_check(ns: argparse.Namespace, config: dict) -> dict[str, Any]:
+    """vLLM's engine config built as `vllm serve` builds it (the API server's defaults, headless for
+    workers), compared with the file: {"error": why} or {"diff": [...]}."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            vllm_config = AsyncEngineArgs.from_cli_args(ns).create_engine_config(
+                usage_context=UsageContext.OPENAI_API_SERVER,
+                headless=bool(getattr(ns, "headless", False)))
+    except Exception as e:  # vLLM raises ValueError, pydantic's ValidationError, and others
+        return {"error": _one_line(e)}
+    return {"diff": effective.differences(effective.expected(config), effective.engine_values(vllm_config),
+                                          "vLLM's engine config has")}
+
+
+def _as_user(user: str, check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`check` in a child process with `user`'s rights only: a model in that user's own cache (a hub
+    snapshot) is read as the user that serves it, never as root, which would follow any link it planted."""
+    import pwd
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            pw = pwd.getpwnam(user)
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            os.environ["HOME"] = pw.pw_dir
+            found = check()
+        except BaseException as e:
+            found = {"error": _one_line(e)}
+        with os.fdopen(w, "w") as f:
+            json.dump(found, f)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data) if data else {"error": f"the check as {user} ended without an answer"}
+
+
 def main(argv: list[str]) -> int:
     if ENVIRONMENT in argv[1:-1]:
         # the unit's environment without secrets, from a root-only file: no value in root's argv
@@ -178,22 +225,14 @@ def main(argv: list[str]) -> int:
     remote_code = bool(config.get("trust-remote-code"))
     engine = bool(model and os.path.isdir(model)) and not remote_code
     if engine:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.usage.usage_lib import UsageContext
-
         ns.model = model
-        try:  # as `vllm serve` builds it: the API server's defaults (batch sizes), headless for workers
-            with contextlib.redirect_stdout(io.StringIO()):
-                vllm_config = AsyncEngineArgs.from_cli_args(ns).create_engine_config(
-                    usage_context=UsageContext.OPENAI_API_SERVER,
-                    headless=bool(getattr(ns, "headless", False)))
-        except Exception as e:  # vLLM raises ValueError, pydantic's ValidationError, and others
-            return _refuse(f"vLLM would refuse to start: {_one_line(e)}")
-        diff = effective.differences(effective.expected(config), effective.engine_values(vllm_config),
-                                     "vLLM's engine config has")
-        if diff:
+        user = argv[argv.index(ENGINE_AS, 1) + 1] if ENGINE_AS in argv[1:-1] else None
+        found = _as_user(user, lambda: _engine_check(ns, config)) if user else _engine_check(ns, config)
+        if found.get("error"):
+            return _refuse(f"vLLM would refuse to start: {found['error']}")
+        if found["diff"]:
             return _refuse("vLLM would change these settings: " + "; ".join(
-                d + _HINTS.get(d.split(":", 1)[0], "") for d in diff))
+                d + _HINTS.get(d.split(":", 1)[0], "") for d in found["diff"]))
     with open(f"{path}.at-default", "w") as f:
         json.dump(_at_default(config, options, serve, ns), f)
     if config.get("middleware"):

@@ -1,0 +1,118 @@
+"""Hub models: resolved on the controller at plan time, fetched on the host before anything restarts.
+
+The fetch is an operation of its own, after the release is built (its huggingface_hub does the work)
+and before the config is validated (the validator reads the snapshot), so a node group's nodes all hold
+the snapshot before the group barrier lets any of them restart, and a host that cannot fetch fails with
+its old service still serving.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.operations import files, python
+
+from vllm_fleet.controller import hub as hub_api
+from vllm_fleet.core import hub
+from vllm_fleet.core.plan import HOST_TOOLS, HostPlan, InstancePlan
+from vllm_fleet.core.spec import HostSpec, InstanceSpec, SpecError
+from vllm_fleet.deploy import remote
+from vllm_fleet.deploy.facts import HubCache
+from vllm_fleet.deploy.ops import Secret, stale, synced_files
+from vllm_fleet.deploy.run import current
+
+FETCH_USER = "vllm"
+
+
+def resolved(spec: HostSpec, inst: InstanceSpec) -> hub.HubSnapshot:
+    """The instance's repository at its revision, asked once per run whatever the host count; SpecError
+    naming host and field when the hub does not have it or cannot be read."""
+    m = inst.model
+    assert m.hf_repo
+    token = os.environ.get(inst.hf_token_env) if inst.hf_token_env else None
+    key = (hub.endpoint_of(spec.hf_endpoint), m.hf_repo, m.revision or "main", bool(token))
+    cache = current().hub
+    if key not in cache:
+        try:
+            cache[key] = hub_api.resolve(spec.hf_endpoint, m.hf_repo, m.revision, token)
+        except hub_api.HubError as e:
+            cache[key] = e
+    found = cache[key]
+    if isinstance(found, hub_api.HubError):
+        raise SpecError([f"{host.name}: vllm.instances[{inst.name}].model.{found.field}: {found}"])
+    return found
+
+
+def on_host(snap: hub.HubSnapshot) -> dict[str, Any]:
+    """The host's copy of the snapshot and the cache's free space (HubCache), read once per host."""
+    seen = current().hub_caches
+    key = (host.name, snap.directory)
+    if key not in seen:
+        seen[key] = host.get_fact(HubCache, snapshot=snap.directory, cache=hub.HUB_CACHE)
+    return seen[key]
+
+
+def disk_refusals(plan: HostPlan) -> list[str]:
+    out = []
+    for inst in plan.instances:
+        if inst.hub is not None:
+            found = on_host(inst.hub)
+            refusal = hub.disk_refusal(plan.host, inst.name, inst.hub, found["present"], found["free"],
+                                       found.get("fs_path") or hub.HUB_CACHE)
+            if refusal:
+                out.append(refusal)
+    return out
+
+
+def token_files(inst: InstancePlan) -> list[tuple[Secret, str]]:
+    if inst.hub is None or not inst.hub_token_env:
+        return []
+    return [(Secret(f"HF_TOKEN={os.environ[inst.hub_token_env]}\n"), inst.hub_token_path)]
+
+
+def fetch(plan: HostPlan, inst: InstancePlan, paths: tuple[str, ...]) -> bool:
+    """Fetch the instance's snapshot when the host lacks any of its files; True when it does. The
+    token file is kept current whether or not a fetch is due, and removed when no token is set."""
+    snap = inst.hub
+    if snap is None:
+        return False
+    tokens = token_files(inst)
+    if tokens and stale(tokens, "root", "root", "600", paths):
+        synced_files(name=f"hub token {inst.hub_token_path} (0600)", files=tokens, mode="600", paths=paths)
+    elif not tokens and current().manifests.get((host.name, paths), {}).get(inst.hub_token_path):
+        files.file(name=f"remove {inst.hub_token_path} (no hf_token_env)", path=inst.hub_token_path,
+                   present=False)
+    lacking = hub.missing(snap, on_host(snap)["present"])
+    if not lacking:
+        return False
+    size = sum(f.size for f in lacking)
+    python.call(name=f"fetch {snap.describe()} for {inst.name} ({len(lacking)} files, "
+                     f"{size / 2**20:.1f} MiB) from {snap.endpoint}",
+                function=_fetch, command=fetch_command(plan, inst), label=snap.describe())
+    return True
+
+
+def fetch_command(plan: HostPlan, inst: InstancePlan) -> str:
+    snap = inst.hub
+    assert snap is not None
+    cmd = [f"{plan.release_dir}/bin/python", f"{HOST_TOOLS}/hubfetch.py", "--repo", snap.repo, "--sha",
+           snap.sha, "--endpoint", snap.endpoint, "--cache", hub.HUB_CACHE, "--user", FETCH_USER]
+    if token_files(inst):
+        cmd += ["--token-file", inst.hub_token_path]
+    return shlex.join(cmd)
+
+
+def _fetch(state: Any, host: Any, command: str, label: str) -> bool:
+    """Progress lines appear as they come (print_output); a failure fails the host, old service
+    serving, with hubfetch's reason."""
+    ok, out = host.run_shell_command(command, print_output=True, **remote.connector_arguments(host))
+    if not ok:
+        reason = " ".join(out.stderr_lines[-3:]) or f"exit {getattr(out, 'exit_code', '?')}"
+        host.log_styled(f"fetch of {label} failed, nothing restarted: {reason}", fg="red",
+                        log_func=logger.error)
+        current().failures.setdefault(host.name, f"{host.name}: fetch of {label} failed: {reason}")
+        return False
+    return True
