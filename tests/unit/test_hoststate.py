@@ -454,3 +454,41 @@ def test_an_env_file_in_an_old_snapshot_is_not_carried_into_the_new_layout(hs):
     kept = [p for p in (root / "var/lib/vllm-fleet").rglob("*") if p.is_file() and "VLLM_API_KEY=old" in
             p.read_text(errors="replace")]
     assert kept == []
+
+
+def _hub_snapshot(root: Path, repo: str, sha: str, blobs: dict[str, str]) -> Path:
+    """huggingface_hub's cache layout: snapshots/<sha>/<file> links to ../../blobs/<hash>."""
+    top = root / "var/lib/vllm/hf/hub" / f"models--{repo.replace('/', '--')}"
+    (top / "blobs").mkdir(parents=True, exist_ok=True)
+    snap = top / "snapshots" / sha
+    snap.mkdir(parents=True)
+    for name, blob in blobs.items():
+        (top / "blobs" / blob).write_text(name)
+        (snap / name).symlink_to(f"../../blobs/{blob}")
+    return snap
+
+
+def test_prune_keeps_the_hub_snapshots_current_and_previous_name_and_their_blobs(hs):
+    mod, root = hs
+    old = _hub_snapshot(root, "org/m", "a" * 40, {"config.json": "b1", "model.safetensors": "w1"})
+    prev = _hub_snapshot(root, "org/m", "b" * 40, {"config.json": "b1", "model.safetensors": "w2"})
+    cur = _hub_snapshot(root, "org/m", "c" * 40, {"config.json": "b3", "model.safetensors": "w3"})
+    (cur.parent.parent / "blobs" / "w4.incomplete").write_text("a download in progress")
+    deploy(root, "0.32.0-cpu", f"model: {mod._host_path(str(prev))}\n")
+    mod.commit("0.32.0-cpu")
+    deploy(root, "0.32.0-cpu", f"model: {mod._host_path(str(cur))}\n")
+    mod.commit("0.32.0-cpu")
+    out = mod.prune(3)
+    assert out["models_removed"] == [f"org/m@{'a' * 12}"]
+    assert not old.exists() and prev.exists() and cur.exists()
+    # w1 only the pruned snapshot held; b1 the kept one shares; a partial download stays
+    assert sorted(os.listdir(cur.parent.parent / "blobs")) == ["b1", "b3", "w2", "w3", "w4.incomplete"]
+
+
+def test_prune_keeps_a_hub_repository_a_config_names_by_its_id(hs):
+    mod, root = hs
+    snap = _hub_snapshot(root, "org/m", "a" * 40, {"config.json": "b1"})
+    deploy(root, "0.32.0-cpu", "model: org/m\n")  # vLLM's own download at start (before hub fetches)
+    mod.commit("0.32.0-cpu")
+    assert mod.prune(3)["models_removed"] == []
+    assert snap.exists()

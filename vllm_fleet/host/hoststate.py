@@ -34,7 +34,8 @@ Commands:
     restore previous        roll back one step; current and previous swap, so a second rollback
                             returns to where the first started (like `cd -`)
     prune KEEP              drop old releases, never the live one nor those current/previous use;
-                            then the staged models, stored wheels and uv cache entries nothing uses
+                            then the staged models, hub snapshots, stored wheels and uv cache
+                            entries nothing uses
     show                    print state.json
 """
 
@@ -69,6 +70,9 @@ UNIT_DIR = ROOT + "/etc/systemd/system"
 RELEASES = ROOT + "/opt/vllm/releases"
 CURRENT = ROOT + "/opt/vllm/current"
 MODELS = ROOT + "/opt/vllm/models"  # <name>/<digest>/
+# hub snapshots, in the vllm user's own huggingface_hub cache (vllm_fleet/core/hub.py HUB_CACHE)
+HUB_CACHE = ROOT + "/var/lib/vllm/hf/hub"
+CACHE_OWNER = "vllm"
 WHEELS = ROOT + "/var/cache/vllm-fleet/wheels"  # the host's wheel store (vllm_fleet/deploy/install.py)
 UV = "/usr/local/bin/uv"
 UV_CACHE = RELEASES + "/.uv-cache"
@@ -529,7 +533,69 @@ def _prune(keep: int) -> dict:
     used = _models_in(CONFIG_DIR) | _models_in(f"{snaps}/current" if snaps else None) | _models_in(
         f"{snaps}/previous" if snaps else None)
     return {"removed": removed, "kept": [r for r in releases if r not in removed],
-            "models_removed": _prune_models(used), "wheels_removed": wheels}
+            "models_removed": _prune_models(used) + _as_owner(lambda: _prune_hub(used)),
+            "wheels_removed": wheels}
+
+
+def _as_owner(work):
+    """`work` with the cache owner's rights only, in a child process: root never deletes inside a
+    directory the vllm user can change under it. Run as is where that user does not exist (tests)."""
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(CACHE_OWNER)
+    except KeyError:
+        pw = None
+    if pw is None or os.getuid() != 0:
+        return work()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            out = work()
+        except Exception as e:
+            out = [f"(pruning the hub cache failed: {e})"]
+        with os.fdopen(w, "w") as f:
+            json.dump(out, f)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data) if data else []
+
+
+def _prune_hub(used: set[str]) -> list[str]:
+    """Hub snapshots no config uses (current, previous and the live files' keep theirs), then the blobs
+    only they held; a repository a config names by its id (vLLM's own download) is kept whole, and a
+    download in progress (*.incomplete) is never touched."""
+    removed: list[str] = []
+    if not os.path.isdir(HUB_CACHE) or os.path.islink(HUB_CACHE):
+        return removed
+    for repo in sorted(os.listdir(HUB_CACHE)):
+        top, snaps = os.path.join(HUB_CACHE, repo), os.path.join(HUB_CACHE, repo, "snapshots")
+        if not repo.startswith("models--") or os.path.islink(top) or not os.path.isdir(snaps):
+            continue
+        if repo[len("models--"):].replace("--", "/", 1) in used:
+            continue
+        gone = [sha for sha in sorted(os.listdir(snaps))
+                if not _in_use(_host_path(os.path.join(snaps, sha)), used)]
+        for sha in gone:
+            _rm(os.path.join(snaps, sha))
+            removed.append(f"{repo[len('models--'):].replace('--', '/', 1)}@{sha[:12]}")
+        blobs = os.path.join(top, "blobs")
+        if not gone or not os.path.isdir(blobs):
+            continue
+        held = {os.path.basename(os.readlink(os.path.join(d, f)))
+                for d, _, files in os.walk(snaps) for f in files if os.path.islink(os.path.join(d, f))}
+        for blob in os.listdir(blobs):
+            if blob not in held and not blob.endswith(".incomplete") and not blob.endswith(".lock"):
+                os.unlink(os.path.join(blobs, blob))
+    return removed
 
 
 def _lines(path: str) -> set[str]:
