@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 need=()
+# git: the lab's hub mirror serves git repositories (fleetlab/hubmirror.py); tc: bench/hub_downtime.py
 for pair in debootstrap:debootstrap systemd-nspawn:systemd-container ssh:openssh-client \
-            ssh-keygen:openssh-client ip:iproute2 zstd:zstd systemd-analyze:systemd; do
+            ssh-keygen:openssh-client ip:iproute2 zstd:zstd systemd-analyze:systemd git:git tc:iproute2; do
   command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
