@@ -11,7 +11,9 @@ what the host fetches and what the unit serves, from a snapshot directory, offli
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,10 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 HF_HOME = f"{VLLM_WRITABLE}/hf"
 HUB_CACHE = f"{HF_HOME}/hub"
 # where the fetch's token waits on the host, 0600 root (the unit never reads it: serving is offline)
+SHA = re.compile(r"^[0-9a-f]{40}$")
+UNRESOLVED = "unresolved"  # the commit of a snapshot that read-only work (status, rollback) did not ask for
+# what vLLM never reads from a repository: other frameworks' formats, and Meta's original checkpoint
+OTHER_FORMATS = (".gguf", ".onnx", ".onnx_data", ".h5", ".msgpack", ".ot", ".tflite", ".pth", ".nemo")
 TOKEN_SUFFIX = ".hub.env"  # a secret file to vllm_fleet/deploy/ops.py (never hashed on the host)
 
 
@@ -41,7 +47,7 @@ class HubSnapshot:
     revision: str  # what the inventory asked for: a branch, tag or commit
     sha: str  # the commit it resolved to: what is fetched, served and recorded
     endpoint: str
-    files: tuple[HubFile, ...]
+    files: tuple[HubFile, ...]  # what the fetch downloads (wanted() of the hub's listing)
     config: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
@@ -52,6 +58,10 @@ class HubSnapshot:
     def weight_bytes(self) -> int | None:
         """The safetensors files' sizes: the weights within a few kB (each file's JSON header)."""
         return sum(f.size for f in self.files if f.path.endswith(".safetensors")) or None
+
+    @property
+    def resolved(self) -> bool:
+        return self.sha != UNRESOLVED
 
     @property
     def directory(self) -> str:
@@ -74,6 +84,27 @@ def endpoint_of(endpoint: str | None) -> str:
     return (endpoint or DEFAULT_ENDPOINT).rstrip("/")
 
 
+def unresolved(repo: str, revision: str | None, endpoint: str | None) -> HubSnapshot:
+    """A hub model for work that only reads what is deployed (status, rollback, targets, bench): the hub
+    is not asked, so it may be down. A commit given as the revision is kept; else the commit is unknown."""
+    rev = revision or "main"
+    return HubSnapshot(repo, rev, rev if SHA.match(rev) else UNRESOLVED, endpoint_of(endpoint), ())
+
+
+def wanted(files: Iterable[HubFile]) -> tuple[HubFile, ...]:
+    """What vLLM reads of a repository, as it picks weights (vllm_fleet/core/modelinfo.py): safetensors
+    when there are any (without `consolidated*` beside HF-format shards), else `.bin`/`.pt`; every other
+    file but other frameworks' formats and `original/` (Meta's checkpoint). A Llama 3 repository's
+    original/ alone is the size of its weights; a Mistral one's consolidated.safetensors doubles them."""
+    top = [f for f in files if not f.path.startswith("original/") and not f.path.endswith(OTHER_FORMATS)]
+    st = [f for f in top if f.path.endswith(".safetensors")]
+    duplicate = {f.path for f in st if posixpath.basename(f.path).startswith("consolidated")}
+    if len(duplicate) == len(st):
+        duplicate = set()
+    return tuple(f for f in top if f.path not in duplicate
+                 and not (st and f.path.endswith((".bin", ".pt"))))
+
+
 def files_of(tree: Sequence[Mapping[str, Any]]) -> tuple[HubFile, ...]:
     """The hub's recursive tree listing (`/api/models/<repo>/tree/<sha>?recursive=true`) as files."""
     out = []
@@ -91,15 +122,33 @@ def missing(snap: HubSnapshot, present: Mapping[str, int]) -> list[HubFile]:
     return [f for f in snap.files if present.get(f.path) != f.size]
 
 
-def disk_refusal(host: str, inst: str, snap: HubSnapshot, present: Mapping[str, int], free: int | None,
-                 path: str = HUB_CACHE) -> str | None:
-    """Refused before anything is fetched when the cache's file system cannot hold what is missing."""
-    need = sum(f.size for f in missing(snap, present))
-    if free is None or need <= free:
-        return None
-    return (f"{host}: vllm.instances[{inst}].model: fetching {snap.describe()} needs {_gib(need)} in "
-            f"{path}, {_gib(free)} free there; free space or move the vllm user's cache to a larger disk")
+def disk_refusals(host: str, needs: Sequence[tuple[str, HubSnapshot, str, Mapping[str, int]]],
+                  free: Mapping[str, int | None]) -> list[str]:
+    """Refused before anything is fetched when a file system of the cache cannot hold what the host's
+    snapshots lack, together. `needs`: (instance, snapshot, its file system's path, the files present by
+    path) per instance, `free`: bytes free per file system path (None: not read; the fetch checks again).
+    A snapshot two instances share counts once."""
+    by_fs: dict[str, list[tuple[str, HubSnapshot, int]]] = {}
+    seen = set()
+    for inst, snap, fs_path, present in needs:
+        if snap.directory not in seen:
+            seen.add(snap.directory)
+            by_fs.setdefault(fs_path, []).append((inst, snap, sum(f.size for f in missing(snap, present))))
+    out = []
+    for fs_path, items in by_fs.items():
+        need, room = sum(n for _, _, n in items), free.get(fs_path)
+        if room is None or need <= room:
+            continue
+        lacking = [(i, s, n) for i, s, n in items if n]
+        what = (lacking[0][1].describe() if len(lacking) == 1
+                else " and ".join(f"{s.describe()} ({size(n)}, instance {i})" for i, s, n in lacking))
+        out.append(f"{host}: vllm.instances[{lacking[0][0]}].model: fetching {what} needs {size(need)} in "
+                   f"{fs_path}, {size(room)} free there; free space or move the vllm user's cache to a "
+                   "larger disk")
+    return out
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def size(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
