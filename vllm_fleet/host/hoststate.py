@@ -72,7 +72,8 @@ CURRENT = ROOT + "/opt/vllm/current"
 MODELS = ROOT + "/opt/vllm/models"  # <name>/<digest>/
 # hub snapshots, in the vllm user's own huggingface_hub cache (vllm_fleet/core/hub.py HUB_CACHE)
 HUB_CACHE = ROOT + "/var/lib/vllm/hf/hub"
-CACHE_OWNER = "vllm"
+HUB_TOKEN = ".hub.env"  # the fetch's token beside an instance's config (vllm_fleet/core/hub.py TOKEN_SUFFIX)
+CACHE_OWNER = "vllm"  # vllm_fleet/core/plan.py VLLM_USER
 WHEELS = ROOT + "/var/cache/vllm-fleet/wheels"  # the host's wheel store (vllm_fleet/deploy/install.py)
 UV = "/usr/local/bin/uv"
 UV_CACHE = RELEASES + "/.uv-cache"
@@ -423,8 +424,9 @@ def _restore(which: str) -> dict:
                 _remove_watchdog(name[len("vllm-"):-len(".service")])
                 _systemctl("disable", "--now", name)
             os.unlink(path)
-            if name.endswith(".yaml") and os.path.exists(path[:-5] + ".env"):
-                os.unlink(path[:-5] + ".env")
+            for secret in (".env", HUB_TOKEN):
+                if name.endswith(".yaml") and os.path.exists(path[:-5] + secret):
+                    os.unlink(path[:-5] + secret)
     for name, src in wanted.items():
         dest = os.path.join(UNIT_DIR if name.endswith(".service") else CONFIG_DIR, name)
         tmp = f"{dest}.restore-{_unique()}"
@@ -532,41 +534,52 @@ def _prune(keep: int) -> dict:
     snaps = _active_dir()
     used = _models_in(CONFIG_DIR) | _models_in(f"{snaps}/current" if snaps else None) | _models_in(
         f"{snaps}/previous" if snaps else None)
-    return {"removed": removed, "kept": [r for r in releases if r not in removed],
-            "models_removed": _prune_models(used) + _as_owner(lambda: _prune_hub(used)),
-            "wheels_removed": wheels}
+    hub = _as_owner(lambda: _prune_hub(used))
+    out = {"removed": removed, "kept": [r for r in releases if r not in removed],
+           "models_removed": _prune_models(used) + hub.get("removed", []), "wheels_removed": wheels}
+    if hub.get("error"):
+        out["hub_prune_failed"] = hub["error"]
+    return out
 
 
-def _as_owner(work):
-    """`work` with the cache owner's rights only, in a child process: root never deletes inside a
-    directory the vllm user can change under it. Run as is where that user does not exist (tests)."""
+def _as_owner(work) -> dict:
+    """`work()` (-> list of what it removed) with the cache owner's rights only, in a child process:
+    root never deletes inside a directory the vllm user can change under it. As is under a test root
+    (VLLM_FLEET_ROOT); not at all where that user does not exist (then it has no cache)."""
     import pwd
 
+    if ROOT:
+        return {"removed": work()}
     try:
         pw = pwd.getpwnam(CACHE_OWNER)
     except KeyError:
-        pw = None
-    if pw is None or os.getuid() != 0:
-        return work()
+        return {"removed": []}
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:
-        os.close(r)
+    if pid == 0:  # never returns into root's code: every path ends in _exit
+        rc = 1
         try:
+            os.closerange(3, r)
+            os.closerange(r + 1, w)
+            os.closerange(w + 1, 65536)
             os.setgroups([])
             os.setgid(pw.pw_gid)
             os.setuid(pw.pw_uid)
-            out = work()
-        except Exception as e:
-            out = [f"(pruning the hub cache failed: {e})"]
-        with os.fdopen(w, "w") as f:
-            json.dump(out, f)
-        os._exit(0)
+            try:
+                out = {"removed": work()}
+            except Exception as e:
+                out = {"error": f"{type(e).__name__}: {e}"}
+            os.write(w, json.dumps(out).encode())
+            rc = 0
+        finally:
+            os._exit(rc)
     os.close(w)
     with os.fdopen(r) as f:
         data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data) if data else []
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        return {"error": f"the prune as {CACHE_OWNER} ended with status {status}"}
+    return json.loads(data)
 
 
 def _prune_hub(used: set[str]) -> list[str]:

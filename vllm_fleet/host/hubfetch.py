@@ -8,16 +8,20 @@ Why not vLLM's own download at start: the restart's downtime would include it, a
 fail the start. Here the old service keeps serving while this runs; the unit then serves the snapshot
 directory offline. A file the hub lists at a size or LFS hash other than what landed fails the fetch.
 
-Progress goes to stdout every few seconds (bytes, total, rate, elapsed); huggingface_hub resumes an
-interrupted download, and a complete snapshot is not downloaded again.
+Only the files the plan checked are fetched (--file, vllm_fleet/core/hub.py wanted). Progress goes to
+stdout every few seconds (bytes, total, rate, elapsed); huggingface_hub resumes an interrupted download,
+and a complete snapshot is not downloaded again. A file that does not match is removed again, so the
+next run fetches it instead of serving it.
 
-Usage: python hubfetch.py --repo ORG/NAME --sha COMMIT --endpoint URL --cache DIR --user vllm
-       [--token-file FILE]   (exit 0 = fetched and verified; 1 = failed, reason on stderr)
+Usage: python hubfetch.py --repo ORG/NAME --sha COMMIT --endpoint URL --hf-home DIR --user vllm
+       --file PATH [--file PATH ...] [--token-file FILE]
+       (exit 0 = fetched and verified; 1 = failed, reason on stderr)
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import os
 import pwd
@@ -40,12 +44,15 @@ def _token(path: str | None) -> str | None:
     return None
 
 
-def _drop_to(user: str) -> None:
+def _drop_to(user: str, env: dict[str, str]) -> None:
+    """The user's rights and nothing of root's environment but PATH and the locale."""
     pw = pwd.getpwnam(user)
     os.setgroups([])
     os.setgid(pw.pw_gid)
     os.setuid(pw.pw_uid)
-    os.environ["HOME"] = pw.pw_dir
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL")}
+    os.environ.clear()
+    os.environ.update(keep, HOME=pw.pw_dir, **env)
     os.umask(0o027)
 
 
@@ -101,51 +108,68 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def _remove(path: str) -> None:
+    """A snapshot's file and the blob it links to: huggingface_hub trusts a link that exists."""
+    if os.path.islink(path):
+        blob = os.path.join(os.path.dirname(path), os.readlink(path))
+        if os.path.isfile(blob):
+            os.unlink(blob)
+    if os.path.lexists(path):
+        os.unlink(path)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", required=True)
     ap.add_argument("--sha", required=True)
     ap.add_argument("--endpoint", required=True)
-    ap.add_argument("--cache", required=True)
+    ap.add_argument("--hf-home", required=True)
     ap.add_argument("--user", required=True)
+    ap.add_argument("--file", action="append", required=True, dest="files")
     ap.add_argument("--token-file")
     args = ap.parse_args(argv)
     token = _token(args.token_file)
-    _drop_to(args.user)
-    for var in ("HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        os.environ.pop(var, None)
-    os.environ.update(HF_ENDPOINT=args.endpoint, HF_HUB_CACHE=args.cache, HF_HUB_DISABLE_PROGRESS_BARS="1",
-                      HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+    cache = os.path.join(args.hf_home, "hub")
+    # no xet chunk cache: it would fill the vllm user's home beside the snapshot, unseen by the disk check
+    _drop_to(args.user, {"HF_HOME": args.hf_home, "HF_HUB_CACHE": cache, "HF_ENDPOINT": args.endpoint,
+                         "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+                         "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_XET_CHUNK_CACHE_SIZE_BYTES": "0"})
     from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.file_download import repo_folder_name
 
     label = f"{args.repo}@{args.sha[:12]}"
+    wanted = set(args.files)
     api = HfApi(endpoint=args.endpoint, token=token or False)
     try:
         listed = [f for f in api.list_repo_tree(args.repo, revision=args.sha, recursive=True)
-                  if hasattr(f, "size")]
+                  if hasattr(f, "size") and f.path in wanted]
     except Exception as e:
         print(f"fetch {label}: the hub at {args.endpoint} cannot be read: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 1
+    gone = wanted - {f.path for f in listed}
+    if gone:
+        print(f"fetch {label}: the hub no longer lists {', '.join(sorted(gone))}", file=sys.stderr)
+        return 1
     total = sum(f.size for f in listed)
-    repo_dir = os.path.join(args.cache, "models--" + args.repo.replace("/", "--"))
+    repo_dir = os.path.join(cache, repo_folder_name(repo_id=args.repo, repo_type="model"))
     snap = os.path.join(repo_dir, "snapshots", args.sha)
     have = sum(f.size for f in listed if os.path.isfile(os.path.join(snap, f.path))
                and os.stat(os.path.join(snap, f.path)).st_size == f.size)
-    os.makedirs(args.cache, exist_ok=True)
-    st = os.statvfs(args.cache)
+    os.makedirs(cache, exist_ok=True)
+    st = os.statvfs(cache)
     free = st.f_bavail * st.f_frsize
     if total - have > free:
-        print(f"fetch {label}: needs {_size(total - have)} in {args.cache}, {_size(free)} free",
-              file=sys.stderr)
+        print(f"fetch {label}: needs {_size(total - have)} in {cache}, {_size(free)} free", file=sys.stderr)
         return 1
     print(f"fetch {label}: {len(listed)} files, {_size(total)}"
           + (f" ({_size(have)} already here)" if have else "") + f" from {args.endpoint}", flush=True)
     progress = Progress(label, os.path.join(repo_dir, "blobs"), have, total)
     progress.start()
     try:
-        snapshot_download(args.repo, revision=args.sha, cache_dir=args.cache, token=token or False,
-                          endpoint=args.endpoint, max_workers=4)
+        snapshot_download(args.repo, revision=args.sha, cache_dir=cache, token=token or False,
+                          endpoint=args.endpoint, max_workers=4,
+                          allow_patterns=[glob.escape(p) for p in sorted(wanted)])
     except Exception as e:
         print(f"fetch {label}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -161,8 +185,12 @@ def main(argv: list[str]) -> int:
             bad.append(f"{f.path}: {size} bytes, the hub lists {f.size}")
         elif want and _sha256(path) != want:
             bad.append(f"{f.path}: sha256 differs from the hub's LFS hash")
+        else:
+            continue
+        _remove(path)
     if bad:
-        print(f"fetch {label}: the snapshot is not what the hub lists: {'; '.join(bad)}", file=sys.stderr)
+        print(f"fetch {label}: the snapshot is not what the hub lists (removed again): {'; '.join(bad)}",
+              file=sys.stderr)
         return 1
     print(f"{progress.line(done=True)}; verified {len(listed)} files", flush=True)
     return 0

@@ -142,30 +142,36 @@ def _engine_check(ns: argparse.Namespace, config: dict) -> dict[str, Any]:
 
 def _as_user(user: str, check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """`check` in a child process with `user`'s rights only: a model in that user's own cache (a hub
-    snapshot) is read as the user that serves it, never as root, which would follow any link it planted."""
+    snapshot) is read as the user that serves it, never as root, which would follow any link it planted.
+    The child never returns into root's code: every path ends in _exit."""
     import pwd
 
+    pw = pwd.getpwnam(user)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(r)
+        rc = 1
         try:
-            pw = pwd.getpwnam(user)
+            os.close(r)
             os.setgroups([])
             os.setgid(pw.pw_gid)
             os.setuid(pw.pw_uid)
             os.environ["HOME"] = pw.pw_dir
-            found = check()
-        except BaseException as e:
-            found = {"error": _one_line(e)}
-        with os.fdopen(w, "w") as f:
-            json.dump(found, f)
-        os._exit(0)
+            try:
+                found = check()
+            except BaseException as e:
+                found = {"error": _one_line(e) if isinstance(e, Exception) else type(e).__name__}
+            os.write(w, json.dumps(found).encode())
+            rc = 0
+        finally:
+            os._exit(rc)
     os.close(w)
     with os.fdopen(r) as f:
         data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data) if data else {"error": f"the check as {user} ended without an answer"}
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        return {"error": f"the check as {user} ended with status {status} and no answer"}
+    return json.loads(data)
 
 
 def main(argv: list[str]) -> int:
