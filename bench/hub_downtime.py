@@ -98,7 +98,8 @@ def main() -> int:
         print(f"  fetch before restart: non-200 /health for {fetch_s:.1f} s"
               + (f" (the fetch itself took {took.group(1)} s, old service serving)" if took else ""))
         print(f"  vLLM downloads at start: non-200 /health for {start_s:.1f} s")
-        print(f"  ratio (download at start / fetch before restart): {start_s / fetch_s:.2f}x")
+        if fetch_s:
+            print(f"  ratio (download at start / fetch before restart): {start_s / fetch_s:.2f}x")
     finally:
         deploy(args.host, {})  # back to the inventory's own model
         mirror.stop()

@@ -82,10 +82,11 @@ def test_a_hub_model_is_fetched_before_the_restart_and_served_offline(mirror):
     # the cache is the vllm user's; the token file root's alone
     assert on(HOST, f"stat -c %U {snap}/config.json -L").strip() == "vllm"
     assert on(HOST, "stat -c '%U %a' /etc/vllm/default.hub.env").strip() == "root 600"
-    # the token: only in that file, never in argv, unit, config, output at -vvv, journal or sudo's log
+    # the token: only in that file, never in argv, unit, config, the vllm user's home and cache, output at
+    # -vvv, journal or sudo's log
     assert TOKEN not in run.output
-    leaks = on(HOST, f"grep -rl {TOKEN} /etc/systemd /etc/vllm /var/lib/vllm-fleet /var/log 2>/dev/null; "
-                     f"journalctl --no-pager -o cat | grep -c {TOKEN}")
+    leaks = on(HOST, f"grep -rl {TOKEN} /etc/systemd /etc/vllm /var/lib/vllm-fleet /var/lib/vllm /var/log "
+                     f"/root /tmp 2>/dev/null; journalctl --no-pager -o cat | grep -c {TOKEN}")
     assert leaks.split() == ["/etc/vllm/default.hub.env", "0"], leaks
     # a rerun fetches nothing and changes nothing
     again = hub_deploy(mirror, "v1")
@@ -100,7 +101,9 @@ def test_a_revision_change_rolls_out_and_rolls_back_offline(mirror):
     assert served_model_dir().endswith(mirror.shas[1])
     mirror.stop()  # the hub is gone: the rollback needs only what the host has
     try:
-        back = deploy("deploys/rollback.py", limit=HOST)
+        # the same inventory as the deploy's, naming the hub that is now down
+        back = deploy("deploys/rollback.py", overrides=hub_model(mirror, "main"), env={TOKEN_VAR: TOKEN},
+                      limit=HOST)
         assert back.rc == 0, back.output[-6000:]
         assert served_model_dir().endswith(mirror.shas[0])
         assert [r["ok"] for r in back.smoke] == [True]

@@ -216,11 +216,16 @@ def test_a_hub_model_is_fetched_after_the_build_and_before_validation_and_restar
              "restart vllm-default.service"]
     positions = [next(i for i, n in enumerate(names) if n.startswith(e)) for e in order]
     assert positions == sorted(positions), names
-    fetch = next(c for n, c in ops_ if n.startswith("fetch "))
+    (fetch,) = next(c for n, c in ops_ if n.startswith("fetch "))
     assert "hf_decisions_token" not in repr(ops_)
+    # the new release's huggingface_hub, the token by its file, exactly the files the plan checked
+    assert ("/opt/vllm/releases/0.32.0-cpu/bin/python /usr/local/lib/vllm-fleet/hubfetch.py --repo "
+            "fleetlab/tiny-llama --sha 4e059744c8ca8199611e4d3b3e6035be05f82cb8 --endpoint "
+            "http://10.77.0.1:18090 --hf-home /var/lib/vllm/hf --user vllm --token-file "
+            "/etc/vllm/default.hub.env --file config.json --file model.safetensors --file "
+            "tokenizer/tokenizer.json") in fetch
     validate = next(c for n, c in ops_ if n.startswith("vLLM 0.32.0 validates"))
     assert "--engine-as vllm" in validate[0]  # the snapshot is read as the user whose cache it is
-    assert fetch  # a python.call: its command runs hubfetch.py at execution
 
 
 def test_a_host_holding_the_snapshot_fetches_nothing_and_one_without_room_is_refused(monkeypatch):
@@ -231,5 +236,36 @@ def test_a_host_holding_the_snapshot_fetches_nothing_and_one_without_room_is_ref
     assert not any(n.startswith("fetch ") for n in names), names
     with pytest.raises(Refused, match=r"lab1: vllm.instances\[default\].model: fetching "
                                       r"fleetlab/tiny-llama@v1 = 4e059744c8ca needs 1.9 MiB in "
-                                      r"/var/lib/vllm, 0.0 MiB free there"):
+                                      r"/var/lib/vllm, 1 KiB free there"):
         hub_collect(monkeypatch, HubFacts(FRESH, {}, 1000))
+
+
+def test_every_node_of_a_group_fetches_before_the_groups_barrier(monkeypatch):
+    """pyinfra runs each operation on every host before the next: a fetch collected before the barrier
+    means no node passes the barrier (and restarts) until every node holds the snapshot."""
+    from fleetlab.inventory import lab_cluster_vllm
+    from tests.unit.test_hub import snap
+    from vllm_fleet.controller import hub as hub_api
+
+    monkeypatch.setattr(hub_api, "resolve", lambda *a, **kw: snap())
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    nodes = ["lab1", "lab2"]
+    inventory = Inventory((nodes, {}))
+    facts = {}
+    for i, h in enumerate(inventory, start=1):
+        h.data.ssh_hostname = f"10.77.{i}.2"
+        h.data.vllm = {**lab_cluster_vllm(i, nodes), "hf_endpoint": "http://10.77.0.1:18090",
+                       "model": {"name": "tiny-llama", "hf_repo": "fleetlab/tiny-llama"}}
+        facts[h.name] = HubFacts(FRESH.replace("10.77.1.2", f"10.77.{i}.2"), {}, 10 * 2**30)
+    state = State(inventory, Config())
+    for h in inventory:
+        state.activate_host(h)
+    monkeypatch.setattr(Host, "get_fact", lambda self, cls, *a, **kw: facts[self.name].get(cls.__name__, kw))
+    with ctx_inventory.use(inventory), ctx_config.use(state.config):
+        add_deploy(state, deploy_vllm)
+    for name in nodes:
+        names = [n for n, _ in operations(state, inventory.get_host(name))]
+        fetch = next(i for i, n in enumerate(names) if n.startswith("fetch fleetlab/tiny-llama"))
+        barrier = names.index("every node of cluster pair passed its checks")
+        restart = next(i for i, n in enumerate(names) if n.startswith("restart vllm-default.service"))
+        assert fetch < barrier < restart, names

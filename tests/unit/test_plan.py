@@ -250,10 +250,15 @@ def test_missing_or_empty_api_key_refused_by_name(environ: dict) -> None:
 def test_custom_key_variables_named_and_mapped() -> None:
     data = {"model": M, "api_key_env": "FLEET_PROD_KEY", "hf_token_env": "FLEET_HF"}
     lines = refused(data, environ={"VLLM_API_KEY": KEY})
-    assert len(lines) == 2
+    # the HF token is asked for only where a hub model is fetched; here it is said to be unused
+    assert len(lines) == 1
     assert "FLEET_PROD_KEY" in lines[0] and "VLLM_API_KEY on the host" in lines[0]
-    assert "FLEET_HF" in lines[1] and "HF_TOKEN on the host" in lines[1]
+    hub_data = {**data, "model": {"name": "q", "hf_repo": "Qwen/Qwen3-8B"}}
+    lines = refused(hub_data, environ={"FLEET_PROD_KEY": KEY}, hub={"default": snapshot()})
+    assert len(lines) == 1 and "FLEET_HF" in lines[0] and "the hub fetch's token" in lines[0]
     p = plan(data, environ={"FLEET_PROD_KEY": KEY, "FLEET_HF": "hf_tok_5d4c3b2a"})
+    assert p.warnings == ("gpu-07: vllm.instances[default].hf_token_env: FLEET_HF is not used: the model is "
+                          "not from a hub (hf_repo)",)
     inst = p.instances[0]
     # the HF token is a hub fetch's, never vLLM's: not in the unit's env file, and no fetch here
     assert inst.secret_env == {"VLLM_API_KEY": "FLEET_PROD_KEY"}
@@ -510,3 +515,12 @@ def test_messages_name_instances_by_their_field_path() -> None:
     for line in lines:
         assert line.startswith(f"{HOST}: vllm.instances["), line
         assert " instance a:" not in line and " instance default:" not in line
+
+
+def test_a_token_sent_over_plain_http_is_warned_about_unless_to_loopback() -> None:
+    data = {"model": {"name": "q", "hf_repo": "Qwen/Qwen3-8B"}, "hf_token_env": "T"}
+    env = {**ENV, "T": "hf_x"}
+    warned = plan(data, environ=env, hub={"default": snapshot(endpoint="http://10.0.0.5:8080")}).warnings
+    assert warned == ("gpu-07: vllm.instances[default].hf_token_env: the token goes to http://10.0.0.5:8080 "
+                      "over plain http, readable on the network; use https",)
+    assert plan(data, environ=env, hub={"default": snapshot(endpoint="http://127.0.0.1:8080")}).warnings == ()

@@ -13,11 +13,12 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.flags import SHUTDOWN_TIMEOUT_S, render_flags
 from vllm_fleet.core.gpus import Gpu
-from vllm_fleet.core.hub import TOKEN_SUFFIX, HubSnapshot
+from vllm_fleet.core.hub import HF_HOME, TOKEN_SUFFIX, HubSnapshot
 from vllm_fleet.core.modelinfo import ModelInfoError, from_config
 from vllm_fleet.core.sizing import estimate, estimate_cpu
 from vllm_fleet.core.spec import VLLM_WRITABLE, HostSpec, InstanceSpec, SpecError
@@ -33,6 +34,7 @@ CURRENT_LINK = "/opt/vllm/current"
 MODELS_DIR = "/opt/vllm/models"
 # The vllm user's own home (HF cache, compile caches): root never acts inside it.
 STATE_DIR = VLLM_WRITABLE
+VLLM_USER = "vllm"  # who runs vLLM, owns STATE_DIR, and does whatever happens inside it
 CONFIG_DIR = "/etc/vllm"
 FLEET_STATE = "/var/lib/vllm-fleet"
 STAGED = f"{FLEET_STATE}/staged"  # configs validated before the switch, and what validation found
@@ -450,12 +452,15 @@ def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gp
 
 
 def missing_secrets(host: str, inst: InstanceSpec, environ: Mapping[str, str]) -> list[str]:
-    """Secrets are read from the controller's environment; a missing one is refused by its name."""
+    """Secrets are read from the controller's environment; a missing one is refused by its name. An HF
+    token only where something is fetched from a hub."""
+    wanted = [("VLLM_API_KEY on the host", inst.api_key_env)]
+    if inst.model.hf_repo:
+        wanted.append(("the hub fetch's token", inst.hf_token_env))
     return [
         f"{host}: vllm.instances[{inst.name}]: {ctl_var} is not set (or empty) in the controller's "
-        f"environment; export it before deploying (it becomes {host_var} on the host)"
-        for host_var, ctl_var in (("VLLM_API_KEY", inst.api_key_env), ("HF_TOKEN", inst.hf_token_env))
-        if ctl_var and not environ.get(ctl_var)
+        f"environment; export it before deploying (it becomes {what})"
+        for what, ctl_var in wanted if ctl_var and not environ.get(ctl_var)
     ]
 
 
@@ -476,6 +481,13 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
                              "(the controller reads the hub at plan time)"])
         if model_config is None and hub.config is not None:
             model_config, weights = hub.config, hub.weight_bytes
+        url = urlsplit(hub.endpoint)
+        if inst.hf_token_env and url.scheme == "http" and not _is_loopback(url.hostname or ""):
+            warnings.append(f"{where}.hf_token_env: the token goes to {hub.endpoint} over plain http, "
+                            "readable on the network; use https")
+    elif inst.hf_token_env:
+        warnings.append(f"{where}.hf_token_env: {inst.hf_token_env} is not used: the model is not from a "
+                        "hub (hf_repo)")
     problems.extend(missing_secrets(host, inst, environ))
     if inst.api_key_env is None and not _is_loopback(f.host) and not inst.port_protected_elsewhere:
         problems.append(f"{where}.flags.host: {f.host} is reachable from the network and no API key is set; "
@@ -560,7 +572,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
 
     env = {
         "HOME": STATE_DIR,
-        "HF_HOME": f"{STATE_DIR}/hf",
+        "HF_HOME": HF_HOME,
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         # keeps vLLM's internal sockets on loopback on a single node

@@ -13,7 +13,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, UV_PATH
+from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, UV_PATH, VLLM_USER
 
 # what tells whether a unit is enabled, running, and restarted since it was last read
 UNIT_PROPERTIES = ("-p ActiveState -p SubState -p MainPID -p UnitFileState -p ActiveEnterTimestampMonotonic "
@@ -288,7 +288,7 @@ class HubCache(FactBase):
 
     def command(self, snapshot: str, cache: str) -> str:
         args = f"-c {shlex.quote(_HUB_CACHE_PY)} {shlex.quote(snapshot)} {shlex.quote(cache)}"
-        return (f"if id -u vllm >/dev/null 2>&1; then runuser -u vllm -- python3 {args}; "
+        return (f"if id -u {VLLM_USER} >/dev/null 2>&1; then runuser -u {VLLM_USER} -- python3 {args}; "
                 f"else python3 {args}; fi")
 
     def process(self, output):

@@ -13,18 +13,16 @@ import shlex
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.operations import files, python
+from pyinfra.operations import python, server
 
 from vllm_fleet.controller import hub as hub_api
 from vllm_fleet.core import hub
-from vllm_fleet.core.plan import HOST_TOOLS, HostPlan, InstancePlan
+from vllm_fleet.core.plan import HOST_TOOLS, VLLM_USER, HostPlan, InstancePlan
 from vllm_fleet.core.spec import HostSpec, InstanceSpec, SpecError
 from vllm_fleet.deploy import remote
 from vllm_fleet.deploy.facts import HubCache
-from vllm_fleet.deploy.ops import Secret, stale, synced_files
+from vllm_fleet.deploy.ops import Secret, marker_path, stale, synced_files
 from vllm_fleet.deploy.run import current
-
-FETCH_USER = "vllm"
 
 
 def resolved(spec: HostSpec, inst: InstanceSpec) -> hub.HubSnapshot:
@@ -33,7 +31,7 @@ def resolved(spec: HostSpec, inst: InstanceSpec) -> hub.HubSnapshot:
     m = inst.model
     assert m.hf_repo
     token = os.environ.get(inst.hf_token_env) if inst.hf_token_env else None
-    key = (hub.endpoint_of(spec.hf_endpoint), m.hf_repo, m.revision or "main", bool(token))
+    key = (hub.endpoint_of(spec.hf_endpoint), m.hf_repo, m.revision or "main", inst.hf_token_env)
     cache = current().hub
     if key not in cache:
         try:
@@ -56,41 +54,40 @@ def on_host(snap: hub.HubSnapshot) -> dict[str, Any]:
 
 
 def disk_refusals(plan: HostPlan) -> list[str]:
-    out = []
+    needs, free = [], {}
     for inst in plan.instances:
-        if inst.hub is not None:
+        if inst.hub is not None and inst.hub.resolved:
             found = on_host(inst.hub)
-            refusal = hub.disk_refusal(plan.host, inst.name, inst.hub, found["present"], found["free"],
-                                       found.get("fs_path") or hub.HUB_CACHE)
-            if refusal:
-                out.append(refusal)
-    return out
+            fs_path = found.get("fs_path") or hub.HUB_CACHE
+            needs.append((inst.name, inst.hub, fs_path, found["present"]))
+            free[fs_path] = found["free"]
+    return hub.disk_refusals(plan.host, needs, free)
 
 
-def token_files(inst: InstancePlan) -> list[tuple[Secret, str]]:
-    if inst.hub is None or not inst.hub_token_env:
-        return []
-    return [(Secret(f"HF_TOKEN={os.environ[inst.hub_token_env]}\n"), inst.hub_token_path)]
+def token(inst: InstancePlan, paths: tuple[str, ...]) -> None:
+    """The fetch's token file, kept current for a hub model with hf_token_env, removed (with its marker)
+    from any other instance that has one: a model source changed, or the token variable was dropped."""
+    if inst.hub is not None and inst.hub_token_env:
+        files = [(Secret(f"HF_TOKEN={os.environ[inst.hub_token_env]}\n"), inst.hub_token_path)]
+        if stale(files, "root", "root", "600", paths):
+            synced_files(name=f"hub token {inst.hub_token_path} (0600)", files=files, mode="600", paths=paths)
+    elif current().manifests.get((host.name, paths), {}).get(inst.hub_token_path):
+        path = inst.hub_token_path
+        server.shell(name=f"remove {path} (no hub token wanted)",
+                     commands=[f"rm -f {shlex.quote(path)} {shlex.quote(marker_path(path))}"])
 
 
 def fetch(plan: HostPlan, inst: InstancePlan, paths: tuple[str, ...]) -> bool:
-    """Fetch the instance's snapshot when the host lacks any of its files; True when it does. The
-    token file is kept current whether or not a fetch is due, and removed when no token is set."""
+    """Fetch the instance's snapshot when the host lacks any of its files; True when it does."""
+    token(inst, paths)
     snap = inst.hub
     if snap is None:
         return False
-    tokens = token_files(inst)
-    if tokens and stale(tokens, "root", "root", "600", paths):
-        synced_files(name=f"hub token {inst.hub_token_path} (0600)", files=tokens, mode="600", paths=paths)
-    elif not tokens and current().manifests.get((host.name, paths), {}).get(inst.hub_token_path):
-        files.file(name=f"remove {inst.hub_token_path} (no hf_token_env)", path=inst.hub_token_path,
-                   present=False)
     lacking = hub.missing(snap, on_host(snap)["present"])
     if not lacking:
         return False
-    size = sum(f.size for f in lacking)
     python.call(name=f"fetch {snap.describe()} for {inst.name} ({len(lacking)} files, "
-                     f"{size / 2**20:.1f} MiB) from {snap.endpoint}",
+                     f"{hub.size(sum(f.size for f in lacking))}) from {snap.endpoint}",
                 function=_fetch, command=fetch_command(plan, inst), label=snap.describe())
     return True
 
@@ -99,9 +96,11 @@ def fetch_command(plan: HostPlan, inst: InstancePlan) -> str:
     snap = inst.hub
     assert snap is not None
     cmd = [f"{plan.release_dir}/bin/python", f"{HOST_TOOLS}/hubfetch.py", "--repo", snap.repo, "--sha",
-           snap.sha, "--endpoint", snap.endpoint, "--cache", hub.HUB_CACHE, "--user", FETCH_USER]
-    if token_files(inst):
+           snap.sha, "--endpoint", snap.endpoint, "--hf-home", hub.HF_HOME, "--user", VLLM_USER]
+    if inst.hub_token_env:
         cmd += ["--token-file", inst.hub_token_path]
+    for f in snap.files:  # exactly what the plan checked, not whatever else the repository holds
+        cmd += ["--file", f.path]
     return shlex.join(cmd)
 
 
@@ -110,7 +109,7 @@ def _fetch(state: Any, host: Any, command: str, label: str) -> bool:
     serving, with hubfetch's reason."""
     ok, out = host.run_shell_command(command, print_output=True, **remote.connector_arguments(host))
     if not ok:
-        reason = " ".join(out.stderr_lines[-3:]) or f"exit {getattr(out, 'exit_code', '?')}"
+        reason = " ".join(out.stderr_lines[-3:]) or "no reason given"
         host.log_styled(f"fetch of {label} failed, nothing restarted: {reason}", fg="red",
                         log_func=logger.error)
         current().failures.setdefault(host.name, f"{host.name}: fetch of {label} failed: {reason}")

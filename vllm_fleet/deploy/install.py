@@ -26,6 +26,7 @@ from vllm_fleet.core.plan import (
     RELEASES_DIR,
     STATE_DIR,
     UV_PATH,
+    VLLM_USER,
     HostPlan,
 )
 from vllm_fleet.core.variants import install_command
@@ -215,7 +216,7 @@ def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str) 
     server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", commands=[
         f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"
         + (" --api-key-expected" if inst.key_guarded else "")
-        + (" --engine-as vllm" if inst.hub is not None else "")  # its snapshot is in vllm's own cache
+        + (f" --engine-as {VLLM_USER}" if inst.hub is not None else "")  # the snapshot is in its cache
         + f" --environment {staged_environment}"])
 
 

@@ -47,7 +47,7 @@ def rollback() -> None:
     if not state.get("previous"):
         raise Refused(f"{host.name}: nothing to roll back to: no previous deploy is recorded on this host "
                       "(nothing was changed on any host)")
-    plan, _ = plan_this_host(spec)
+    plan, _ = plan_this_host(spec, hub_reads=False)  # the hub may be down: a rollback needs only the host
     smoke.register_report()
     lb.drain_op()  # a rollback restarts too: out of rotation first, back only once it serves
     python.call(name=f"roll back to {state['previous'].get('release')}", function=_rollback, plan=plan)

@@ -20,6 +20,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python, server
 
 from vllm_fleet.core import cluster
+from vllm_fleet.core import hub as core_hub
 from vllm_fleet.core.modelinfo import weight_bytes_from_dir
 from vllm_fleet.core.plan import STAGED, HostFacts, HostPlan, missing_secrets, plan_host
 from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
@@ -66,15 +67,20 @@ def skipped_hosts_note() -> str:
     return f"\n{skipped_note(skipped)}" if skipped else ""
 
 
-def _model_facts(spec: HostSpec) -> tuple[dict[str, dict[str, Any]], dict[str, int | None],
-                                          dict[str, str], dict[str, Any]]:
+def _model_facts(spec: HostSpec, hub_reads: bool = True) -> tuple[dict[str, dict[str, Any]],
+                                                                  dict[str, int | None], dict[str, str],
+                                                                  dict[str, Any]]:
     """config.json and weight size of each model (TP rule, memory preflight), a staged model's content
     digest (its host directory), and a hub model's commit: staged models read on the controller,
-    host_path models on the host, hub models from the hub at the commit the host will fetch."""
+    host_path models on the host, hub models from the hub at the commit the host will fetch (only when
+    `hub_reads`: work that reads what is deployed must not depend on the hub being up)."""
     configs, weights, digests, snapshots = {}, {}, {}, {}
     problems = []
     for inst in spec.instances:
-        if inst.model.hf_repo:
+        if inst.model.hf_repo and not hub_reads:
+            snapshots[inst.name] = core_hub.unresolved(inst.model.hf_repo, inst.model.revision,
+                                                       spec.hf_endpoint)
+        elif inst.model.hf_repo:
             try:
                 snapshots[inst.name] = hub.resolved(spec, inst)
             except SpecError as e:
@@ -130,11 +136,11 @@ def _required(spec: HostSpec | None, check_secrets: bool) -> HostSpec:
     return spec
 
 
-def plan_this_host(spec: HostSpec | None = None) -> tuple[HostPlan, dict[str, Any]]:
+def plan_this_host(spec: HostSpec | None = None, hub_reads: bool = True) -> tuple[HostPlan, dict[str, Any]]:
     spec = _required(spec, True)
     facts, vh = host_facts(spec)
     try:
-        plan = _plan(spec, facts, os.environ)
+        plan = _plan(spec, facts, os.environ, hub_reads)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
     for w in plan.warnings:
@@ -142,12 +148,13 @@ def plan_this_host(spec: HostSpec | None = None) -> tuple[HostPlan, dict[str, An
     return plan, vh
 
 
-def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str]) -> HostPlan:
-    """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused."""
-    configs, weights, digests, snapshots = _model_facts(spec)
+def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str], hub_reads: bool = True) -> HostPlan:
+    """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused.
+    Without `hub_reads` a hub model's commit stays unresolved (read-only work: status, rollback)."""
+    configs, weights, digests, snapshots = _model_facts(spec, hub_reads)
     plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
                      node=current().nodes.get(host.name), model_digests=digests, hub=snapshots)
-    refused = hub.disk_refusals(plan)
+    refused = hub.disk_refusals(plan) if hub_reads else []
     if refused:
         raise SpecError(refused)
     return plan
@@ -164,7 +171,7 @@ def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
     spec = _required(spec, False)
     facts, _ = host_facts(spec)
     try:
-        return _plan(spec, facts, placeholder_secrets(spec))
+        return _plan(spec, facts, placeholder_secrets(spec), hub_reads=False)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
 
@@ -196,8 +203,11 @@ def _deploy_vllm() -> None:
     release_changing = vh["current"] != plan.release
     model_changed, pending = {}, []
     for inst in plan.instances:
-        # the hub's files land before validation reads them; the old service serves meanwhile
-        model_changed[inst.name] = model.stage(inst) or hub.fetch(plan, inst, service.instance_paths(inst))
+        model_changed[inst.name] = model.stage(inst)
+        # the hub's files land before validation reads them; the old service serves meanwhile. A new
+        # commit is a new snapshot directory, so the config changes and restarts; a fetch that only
+        # repairs the serving snapshot's files restarts nothing
+        hub.fetch(plan, inst, service.instance_paths(inst))
         staged = service.stage_config(plan, inst, release_changing)
         if staged:
             install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml",
@@ -286,7 +296,8 @@ def plan_report() -> None:
     row.install = shlex.join(build_script(plan)[1])
     row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}"
                      + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
-                     + (f" [{i.node.describe()}]" if i.node else "") for i in plan.instances]
+                     + (f" [{i.node.describe()}]" if i.node else "")
+                     + (f" from {i.hub.describe()}" if i.hub else "") for i in plan.instances]
     row.warnings = list(plan.warnings)
 
 
@@ -307,7 +318,7 @@ def smoke_only() -> None:
     spec = this_host()
     if spec is None:
         return
-    plan, vh = plan_this_host(spec)
+    plan, vh = plan_this_host(spec, hub_reads=False)
     recorded = (vh["state"] or {}).get("current") or {}
     config_hash = hashlib.sha256(json.dumps(recorded.get("files", {}), sort_keys=True).encode()).hexdigest()
     for inst in plan.instances:
