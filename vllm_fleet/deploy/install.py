@@ -40,7 +40,7 @@ HOST_PYTHON = "/usr/bin/python3"
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)
 HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py",
-                "hubfetch.py")
+                "hubfetch.py", "asuser.py")
 # the key guard vLLM imports (--middleware): alone in its own directory, under its module's name
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 

@@ -543,43 +543,21 @@ def _prune(keep: int) -> dict:
 
 
 def _as_owner(work) -> dict:
-    """`work()` (-> list of what it removed) with the cache owner's rights only, in a child process:
-    root never deletes inside a directory the vllm user can change under it. As is under a test root
-    (VLLM_FLEET_ROOT); not at all where that user does not exist (then it has no cache)."""
+    """`work()` (-> list of what it removed) with the cache owner's rights only (asuser.py). As is under a
+    test root (VLLM_FLEET_ROOT); not at all where that user does not exist (then it has no cache)."""
     import pwd
 
     if ROOT:
         return {"removed": work()}
     try:
-        pw = pwd.getpwnam(CACHE_OWNER)
+        pwd.getpwnam(CACHE_OWNER)
     except KeyError:
         return {"removed": []}
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # never returns into root's code: every path ends in _exit
-        rc = 1
-        try:
-            os.closerange(3, r)
-            os.closerange(r + 1, w)
-            os.closerange(w + 1, 65536)
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-            try:
-                out = {"removed": work()}
-            except Exception as e:
-                out = {"error": f"{type(e).__name__}: {e}"}
-            os.write(w, json.dumps(out).encode())
-            rc = 0
-        finally:
-            os._exit(rc)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0 or not data:
-        return {"error": f"the prune as {CACHE_OWNER} ended with status {status}"}
-    return json.loads(data)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import asuser  # uploaded beside this script
+
+    out = asuser.run_as(CACHE_OWNER, work)
+    return {"removed": out["result"]} if "result" in out else {"error": out["error"]}
 
 
 def _prune_hub(used: set[str]) -> list[str]:

@@ -140,40 +140,6 @@ def _engine_check(ns: argparse.Namespace, config: dict) -> dict[str, Any]:
                                           "vLLM's engine config has")}
 
 
-def _as_user(user: str, check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """`check` in a child process with `user`'s rights only: a model in that user's own cache (a hub
-    snapshot) is read as the user that serves it, never as root, which would follow any link it planted.
-    The child never returns into root's code: every path ends in _exit."""
-    import pwd
-
-    pw = pwd.getpwnam(user)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        rc = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-            os.environ["HOME"] = pw.pw_dir
-            try:
-                found = check()
-            except BaseException as e:
-                found = {"error": _one_line(e) if isinstance(e, Exception) else type(e).__name__}
-            os.write(w, json.dumps(found).encode())
-            rc = 0
-        finally:
-            os._exit(rc)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0 or not data:
-        return {"error": f"the check as {user} ended with status {status} and no answer"}
-    return json.loads(data)
-
-
 def main(argv: list[str]) -> int:
     if ENVIRONMENT in argv[1:-1]:
         # the unit's environment without secrets, from a root-only file: no value in root's argv
@@ -233,7 +199,13 @@ def main(argv: list[str]) -> int:
     if engine:
         ns.model = model
         user = argv[argv.index(ENGINE_AS, 1) + 1] if ENGINE_AS in argv[1:-1] else None
-        found = _as_user(user, lambda: _engine_check(ns, config)) if user else _engine_check(ns, config)
+        if user:  # a model in that user's own cache (a hub snapshot): read with its rights, never root's
+            import asuser  # uploaded beside this script
+
+            ran = asuser.run_as(user, lambda: _engine_check(ns, config))
+            found = ran.get("result") or {"error": ran.get("error")}
+        else:
+            found = _engine_check(ns, config)
         if found.get("error"):
             return _refuse(f"vLLM would refuse to start: {found['error']}")
         if found["diff"]:
