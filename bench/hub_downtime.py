@@ -30,10 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import fleetlab as lab  # noqa: E402
 from fleetlab import hubmirror  # noqa: E402
+from fleetlab.probe import HealthPoll, slow_link  # noqa: E402
 
-POLL = ("systemd-run --quiet --collect --unit=bench-poll sh -c 'while :; do "
-        "echo $(date +%s.%N) $(curl -s -o /dev/null -m 1 -w %{http_code} http://127.0.0.1:8000/health); "
-        "sleep 0.2; done >> /tmp/bench-poll.log'")
 CACHE = "/var/lib/vllm/hf/hub/models--" + hubmirror.REPO.replace("/", "--")
 
 
@@ -58,14 +56,13 @@ def hub_over(name: str, url: str, revision: str) -> dict:
 
 def outage(host: lab.LabHost, change) -> tuple[float, str]:
     """Seconds of non-200 /health while `change()` runs (and until the host answers again)."""
-    on(host, "systemctl stop bench-poll 2>/dev/null; rm -f /tmp/bench-poll.log; " + POLL)
+    poll = HealthPoll(host)
+    poll.start()
     out = change()
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and "200" not in on(host, "tail -n1 /tmp/bench-poll.log"):
+    while time.monotonic() < deadline and not poll.last().endswith(" 200"):
         time.sleep(1)
-    samples = on(host, "systemctl stop bench-poll; cat /tmp/bench-poll.log").split("\n")
-    rows = [(float(t), code) for t, code in (s.split() for s in samples if s.strip())]
-    down = [t for t, code in rows if code != "200"]
+    down = [t for t, code in poll.stop() if code != "200"]
     return ((max(down) - min(down) + 0.2) if down else 0.0), out
 
 
@@ -76,14 +73,11 @@ def main() -> int:
     args = ap.parse_args()
     host = lab.LabHost(int(args.host.removeprefix("lab")))
     mirror = hubmirror.start(lab.LAB_DIR / "hub")
-    veth = f"ve-{host.name}"
     try:
         first, second = mirror.shas
         on(host, f"rm -rf {CACHE}")
         deploy(args.host, hub_over(args.host, mirror.url, first))  # the starting point, fetched unthrottled
-        subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", args.rate,
-                        "burst", "32kbit", "latency", "400ms"], check=True)
-        try:
+        with slow_link(host, args.rate):
             fetch_s, out = outage(host, lambda: deploy(args.host, hub_over(args.host, mirror.url, second)))
             took = re.search(r"fetch \S+: [\d.]+ \w+ of [\d.]+ \w+ \(100%\), [\d.]+ MiB/s, (\d+) s", out)
             # the same change as vLLM makes it when it downloads at start
@@ -92,8 +86,6 @@ def main() -> int:
                      f"sed -i -e '/^HF_HUB_OFFLINE=/d' -e '$a HF_ENDPOINT=\"{mirror.url}\"' "
                      "/etc/vllm/default.environment")
             start_s, _ = outage(host, lambda: on(host, "systemctl restart vllm-default"))
-        finally:
-            subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
         print(f"hub revision change on {args.host} (vLLM CPU build, tiny model 1.9 MB, link {args.rate}):")
         print(f"  fetch before restart: non-200 /health for {fetch_s:.1f} s"
               + (f" (the fetch itself took {took.group(1)} s, old service serving)" if took else ""))

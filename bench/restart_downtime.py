@@ -23,10 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fleetlab as lab  # noqa: E402
-
-POLL = ("systemd-run --quiet --collect --unit=bench-poll sh -c 'while :; do "
-        "echo $(date +%s.%N) $(curl -s -o /dev/null -m 1 -w %{http_code} http://127.0.0.1:8000/health); "
-        "sleep 0.2; done >> /tmp/bench-poll.log'")
+from fleetlab.probe import HealthPoll  # noqa: E402
 
 
 def on(host: lab.LabHost, cmd: str) -> str:
@@ -71,11 +68,11 @@ def main() -> int:
     host = lab.LabHost(int(args.host.removeprefix("lab")))
     print(f"restart downtime on {args.host} (vLLM CPU build, tiny model, 2 cores):")
     for label, seqs in (("config change", 6), ("change back", None)):
-        on(host, "rm -f /tmp/bench-poll.log; " + POLL)
+        poll = HealthPoll(host)
+        poll.start()
         t0, smoke = deploy(args.host, seqs)
         time.sleep(1)
-        samples = on(host, "systemctl stop bench-poll; cat /tmp/bench-poll.log").split("\n")
-        rows = [(float(t), code) for t, code in (s.split() for s in samples if s.strip())]
+        rows = poll.stop()
         down = [t for t, code in rows if code != "200"]
         outage = (max(down) - min(down) + 0.2) if down else 0.0
         m = phases(host, t0 - 1)

@@ -13,6 +13,7 @@ import pytest
 
 import fleetlab as lab
 from fleetlab import hubmirror
+from fleetlab.probe import HealthPoll, slow_link
 from tests.hosts.conftest import deploy, host_files_digest, on, unit_props
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
@@ -21,6 +22,7 @@ HOST = "lab2"
 TOKEN_VAR = "FLEET_HF_TOKEN"
 TOKEN = "hf_labtoken_5e1f0c9d2b7a4e63"  # what must never show up anywhere but the 0600 token file
 CACHE = "/var/lib/vllm/hf/hub/models--fleetlab--tiny-llama"
+LAB_HOST = lab.LabHost(int(HOST.removeprefix("lab")))
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +31,7 @@ def mirror(deployed):
     on(HOST, f"rm -rf {CACHE}")  # what an earlier session fetched would spare the first test its fetch
     yield m
     m.stop()
-    lab_host = lab.LabHost(int(HOST.removeprefix("lab")))
-    hubmirror.cut_off(lab_host, cut=False)
+    hubmirror.cut_off(LAB_HOST, cut=False)
     run = deploy(limit=HOST)  # lab2 back on its staged model for the modules after this one
     assert run.rc == 0, run.output[-4000:]
 
@@ -61,7 +62,13 @@ def unix_ts(prop: str) -> float:
 def test_a_hub_model_is_fetched_before_the_restart_and_served_offline(mirror):
     old_pid = unit_props(HOST)["MainPID"]
     old_since = unix_ts("ActiveEnterTimestamp")
-    run = hub_deploy(mirror, "v1", extra=("-vvv",))
+    poll = HealthPoll(LAB_HOST)
+    poll.start()
+    try:
+        with slow_link(LAB_HOST, "4mbit"):  # the tiny model's 1.9 MB take seconds, as real weights do
+            run = hub_deploy(mirror, "v1", extra=("-vvv",))
+    finally:
+        samples = poll.stop()
     assert run.rc == 0, run.output[-6000:]
     sha = mirror.shas[0]
     snap = f"{CACHE}/snapshots/{sha}"
@@ -73,6 +80,9 @@ def test_a_hub_model_is_fetched_before_the_restart_and_served_offline(mirror):
     stopped = unix_ts("InactiveEnterTimestamp")
     # (systemd's unix timestamps are whole seconds, truncated)
     assert blobs and old_since < min(blobs) and int(max(blobs)) <= stopped, (old_since, blobs, stopped)
+    # and the old service answered all through the fetch
+    during = [code for t, code in samples if min(blobs) <= t <= max(blobs)]
+    assert len(during) >= 5 and set(during) == {"200"}, (blobs, samples)
     assert unit_props(HOST)["MainPID"] != old_pid
     fetch_at = run.output.index(f"fetch fleetlab/tiny-llama@v1 = {sha[:12]}")
     assert fetch_at < run.output.index("restart vllm-default.service")
@@ -114,6 +124,10 @@ def test_a_revision_change_rolls_out_and_rolls_back_offline(mirror):
         restarted = hubmirror.start(mirror.workdir)
         assert restarted.url == mirror.url and restarted.shas == mirror.shas
         mirror.process = restarted.process
+    # back to the staged model: its commit's prune (as the vllm user) keeps only what previous names
+    run = deploy(limit=HOST)
+    assert run.rc == 0, run.output[-4000:]
+    assert on(HOST, f"ls {CACHE}/snapshots").split() == [mirror.shas[0]]
 
 
 def test_unknown_repository_or_revision_is_refused_at_plan_time(mirror):
@@ -130,14 +144,13 @@ def test_unknown_repository_or_revision_is_refused_at_plan_time(mirror):
 
 
 def test_a_host_cut_off_from_the_mirror_fails_before_any_restart(mirror):
-    lab_host = lab.LabHost(int(HOST.removeprefix("lab")))
     on(HOST, f"rm -rf {CACHE}/snapshots/{mirror.shas[1]}")  # so the change must fetch
     before_pid, before_model = unit_props(HOST)["MainPID"], served_model_dir()
-    hubmirror.cut_off(lab_host)
+    hubmirror.cut_off(LAB_HOST)
     try:
         run = hub_deploy(mirror, mirror.shas[1])  # resolved on the controller, which still reaches it
     finally:
-        hubmirror.cut_off(lab_host, cut=False)
+        hubmirror.cut_off(LAB_HOST, cut=False)
     assert run.rc != 0
     assert f"fetch of fleetlab/tiny-llama@{mirror.shas[1][:12]} failed, nothing restarted" in run.output
     assert (unit_props(HOST)["MainPID"], served_model_dir()) == (before_pid, before_model)

@@ -9,9 +9,9 @@ fail the start. Here the old service keeps serving while this runs; the unit the
 directory offline. A file the hub lists at a size or LFS hash other than what landed fails the fetch.
 
 Only the files the plan checked are fetched (--file, vllm_fleet/core/hub.py wanted). Progress goes to
-stdout every few seconds (bytes, total, rate, elapsed); huggingface_hub resumes an interrupted download,
-and a complete snapshot is not downloaded again. A file that does not match is removed again, so the
-next run fetches it instead of serving it.
+stdout every few seconds (bytes, total, rate, elapsed). Files already complete are not downloaded
+again (a rerun after an interrupted fetch gets only the rest); a file cut off mid-way starts over. A
+file that does not match is removed again, so the next run fetches it instead of serving it.
 
 Usage: python hubfetch.py --repo ORG/NAME --sha COMMIT --endpoint URL --hf-home DIR --user vllm
        --file PATH [--file PATH ...] [--token-file FILE]
@@ -73,8 +73,8 @@ def _size(n: float) -> str:
 
 
 class Progress(threading.Thread):
-    """Reads the blobs directory's growth, so it counts whatever huggingface_hub downloads, resumed
-    files included, without hooking into its internals."""
+    """Reads the blobs directory's growth (huggingface_hub writes each file there as a temporary
+    *.incomplete), so it counts what is downloaded without hooking into huggingface_hub's internals."""
 
     def __init__(self, label: str, blobs: str, already: int, total: int, every_s: float = 3.0):
         super().__init__(daemon=True)
