@@ -72,12 +72,8 @@ class HubSnapshot:
         return f"{self.repo}@{pinned}"
 
 
-def repo_dir(repo: str) -> str:
-    return f"{HUB_CACHE}/models--{repo.replace('/', '--')}"
-
-
 def snapshot_dir(repo: str, sha: str) -> str:
-    return f"{repo_dir(repo)}/snapshots/{sha}"
+    return f"{HUB_CACHE}/models--{repo.replace('/', '--')}/snapshots/{sha}"
 
 
 def endpoint_of(endpoint: str | None) -> str:

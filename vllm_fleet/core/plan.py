@@ -479,8 +479,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
         if hub is None:
             raise SpecError([f"{where}.model.hf_repo: {inst.model.hf_repo} was not resolved to a commit "
                              "(the controller reads the hub at plan time)"])
-        if model_config is None and hub.config is not None:
-            model_config, weights = hub.config, hub.weight_bytes
+        model_config, weights = hub.config, hub.weight_bytes  # None while unresolved (status, rollback)
         url = urlsplit(hub.endpoint)
         if inst.hf_token_env and url.scheme == "http" and not _is_loopback(url.hostname or ""):
             warnings.append(f"{where}.hf_token_env: the token goes to {hub.endpoint} over plain http, "

@@ -40,7 +40,7 @@ class FleetRun:
     failures: dict[str, str] = field(default_factory=dict)  # host -> why the deploy failed it
     # host -> its failed smoke test, for the rollback operation after it (smoke.ChangeFailed: a change)
     verdicts: dict[str, Exception] = field(default_factory=dict)
-    # (endpoint, repo, revision, with a token) -> core.hub.HubSnapshot or the HubError, asked once per run
+    # (endpoint, repo, revision, token variable) -> core.hub.HubSnapshot or the HubError, asked once per run
     hub: dict[tuple, Any] = field(default_factory=dict)
     hub_caches: dict[tuple[str, str], dict] = field(default_factory=dict)  # (host, snapshot) -> HubCache
     _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
