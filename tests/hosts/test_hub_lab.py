@@ -1,7 +1,10 @@
 """Hub models through a real Hugging Face-compatible mirror: olah (from PyPI) on the controller, offline,
 serving the tiny model as a git repository with two revisions (fleetlab/hubmirror.py).
 
-lab2 switches from its staged model to `hf_repo` models here; the module puts it back at the end.
+HOST switches from its staged model to `hf_repo` models here; the module puts it back at the end. It is
+lab2 (the root login) so the modules after this one find lab1 as they expect; with HOST = "lab2" (`deploy`
+with sudo: the token through that login's own upload directory, fetch and HubCache fact through its
+sudo) the module passes as well.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def mirror(deployed):
     yield m
     m.stop()
     hubmirror.cut_off(LAB_HOST, cut=False)
-    run = deploy(limit=HOST)  # lab2 back on its staged model for the modules after this one
+    run = deploy(limit=HOST)  # back on its staged model for the modules after this one
     assert run.rc == 0, run.output[-4000:]
 
 
@@ -96,7 +99,7 @@ def test_a_hub_model_is_fetched_before_the_restart_and_served_offline(mirror):
     # -vvv, journal or sudo's log
     assert TOKEN not in run.output
     leaks = on(HOST, f"grep -rl {TOKEN} /etc/systemd /etc/vllm /var/lib/vllm-fleet /var/lib/vllm /var/log "
-                     f"/root /tmp 2>/dev/null; journalctl --no-pager -o cat | grep -c {TOKEN}")
+                     f"/root /home /tmp 2>/dev/null; journalctl --no-pager -o cat | grep -c {TOKEN}")
     assert leaks.split() == ["/etc/vllm/default.hub.env", "0"], leaks
     # a rerun fetches nothing and changes nothing
     again = hub_deploy(mirror, "v1")
