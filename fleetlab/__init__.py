@@ -2,8 +2,8 @@
 
 Why nspawn and not containers-with-an-engine: the deploy under test manages systemd units, so the hosts
 must run systemd as PID 1 and be reached over real SSH, exactly like the fleet's servers. Each host is an
-overlayfs over one cached root file system (built once with debootstrap), in its own network namespace
-with a veth pair: 10.77.<i>.1 on the controller side, 10.77.<i>.2 inside.
+overlayfs over the cached root file system of its Debian suite (built once with debootstrap), in its own
+network namespace with a veth pair: 10.77.<i>.1 on the controller side, 10.77.<i>.2 inside.
 
 Everything the lab makes is recorded so `down` can remove it all: processes, mounts, namespaces, veths
 and cgroups. `up` is idempotent: a host that already answers SSH is left alone.
@@ -26,7 +26,9 @@ from vllm_fleet.controller.paths import (
 )
 
 LAB_DIR = Path(os.environ.get("VLLM_FLEET_LAB", "/var/lib/vllm-fleet/lab"))
-SUITE = "bookworm"
+SUITE = "bookworm"  # the default suite: what the vLLM, plain and light hosts run
+# trixie hosts stand for a fleet's newer servers (Python 3.13, glibc 2.41, systemd 257): stage hosts.
+SUITES = ("bookworm", "trixie")
 MIRROR = os.environ.get("VLLM_FLEET_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What a vLLM host needs from the OS, on top of minbase; lab hosts have no route to a registry, so it is
 # all baked into the root file system. Bump ROOTFS_REV when this list changes so caches rebuild.
@@ -57,6 +59,9 @@ SUDOERS_LINE = f"{DEPLOY_USER} ALL=(root) NOPASSWD: ALL"
 # Roles: a vLLM host gets vLLM data in the lab inventory; a plain host (a database, a load balancer)
 # sits in the same inventory with none, as in a customer's fleet.
 PLAIN_FIRST = 8  # plain hosts count down from lab8, vLLM hosts up from lab1
+# Stage hosts (any free index below PLAIN_FIRST the caller picks, e.g. lab5, lab6) get no vLLM data in
+# the lab inventory: a test that stages software on another OS release writes its own inventory.
+ROLES = ("vllm", "plain", "light", "stage")
 LIGHT_FIRST = 20  # light hosts count up from lab20: a fleet's size for the scale bench, no vLLM running
 
 
@@ -67,7 +72,8 @@ class LabError(RuntimeError):
 @dataclass(frozen=True)
 class LabHost:
     index: int
-    role: str = "vllm"  # or "plain", or "light" (vllm data, never deployed: bench/fleet_scale.py)
+    role: str = "vllm"  # or "plain", "stage", or "light" (vllm data, never deployed: bench/fleet_scale.py)
+    suite: str = SUITE  # the Debian release its root file system is
 
     @property
     def name(self) -> str:
@@ -94,8 +100,20 @@ def ssh_key() -> Path:
     return LAB_DIR / "id_ed25519"
 
 
-def rootfs_tarball() -> Path:
-    return CACHE_DIR / f"lab-rootfs-{SUITE}-r{ROOTFS_REV}.tar.zst"
+def rootfs_tarball(suite: str = SUITE) -> Path:
+    return CACHE_DIR / f"lab-rootfs-{suite}-r{ROOTFS_REV}.tar.zst"
+
+
+def base_dir(suite: str = SUITE) -> Path:
+    """The unpacked root of one suite; bookworm keeps the name it had before suites existed, so a lab
+    made by an earlier version reuses its base instead of unpacking a second copy."""
+    return LAB_DIR / (f"base-r{ROOTFS_REV}" if suite == "bookworm" else f"base-{suite}-r{ROOTFS_REV}")
+
+
+def _check_suite(suite: str) -> str:
+    if suite not in SUITES:
+        raise LabError(f"unknown lab suite {suite!r}: the lab builds {', '.join(SUITES)}")
+    return suite
 
 
 def preflight() -> None:
@@ -113,18 +131,18 @@ def _run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProces
     return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)
 
 
-def build_rootfs(log=print) -> Path:
+def build_rootfs(log=print, suite: str = SUITE) -> Path:
     """Debootstrap once, keep a zstd tarball: later labs unpack it in seconds instead of minutes."""
-    tarball = rootfs_tarball()
+    tarball = rootfs_tarball(_check_suite(suite))
     if tarball.exists():
         return tarball
     tarball.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tarball.parent, prefix="rootfs-build-") as tmp:
         root = Path(tmp) / "root"
-        log(f"building the lab root file system ({SUITE}, debootstrap; takes 1-2 minutes, once)")
+        log(f"building the lab root file system ({suite}, debootstrap; takes 1-2 minutes, once)")
         t0 = time.monotonic()
         proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", SUITE,
+            ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", suite,
              str(root), MIRROR],
             text=True, capture_output=True,
         )
@@ -143,7 +161,7 @@ def build_rootfs(log=print) -> Path:
         if resolv.is_symlink() or resolv.exists():
             resolv.unlink()
         resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-        partial = tarball.with_suffix(".partial")
+        partial = tarball.with_name(tarball.name + ".partial")
         subprocess.run(
             f"tar -C {root} -cf - . | zstd -q -T0 -3 -o {partial}", shell=True, check=True
         )
@@ -152,12 +170,12 @@ def build_rootfs(log=print) -> Path:
     return tarball
 
 
-def _base_dir() -> Path:
-    """The unpacked, read-only lower layer shared by every host's overlay."""
-    base = LAB_DIR / f"base-r{ROOTFS_REV}"
+def _base_dir(suite: str = SUITE) -> Path:
+    """The unpacked, read-only lower layer shared by every host's overlay of one suite."""
+    base = base_dir(suite)
     if (base / ".complete").exists():
         return base
-    tarball = build_rootfs()
+    tarball = build_rootfs(suite=suite)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     subprocess.run(f"zstd -q -dc {tarball} | tar -C {base} -xf -", shell=True, check=True)
@@ -275,6 +293,14 @@ def _network(host: LabHost) -> None:
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
 
 
+def nspawn_env(suite: str) -> dict[str, str]:
+    """trixie hosts get a cgroup v2 (unified) tree of their own, as trixie servers have: on this
+    machine's hybrid cgroups nspawn would otherwise hand systemd 257 the v1 hierarchies, which it boots
+    on only as deprecated ("tainted: cgroupsv1") and its successors refuse. bookworm hosts keep the
+    hybrid setup they were measured with."""
+    return {} if suite == "bookworm" else {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+
+
 def _boot(host: LabHost) -> None:
     """Start nspawn in a cgroup of its own: containers sharing one break each other's services."""
     cg = " ".join(f"/sys/fs/cgroup/{h}/vllm-fleet-lab/{host.name}" for h in CGROUP_HIERARCHIES)
@@ -283,9 +309,11 @@ def _boot(host: LabHost) -> None:
         f"exec systemd-nspawn -b -D {host.root} -M {host.name} --register=no --keep-unit "
         f"--console=passive --resolv-conf=off --network-namespace-path=/run/netns/{host.name}"
     )
+    # a trixie host's unified tree: nspawn copies this same path into the cgroup2 hierarchy it mounts
     log = open(host.dir / "nspawn.log", "w")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **nspawn_env(host.suite)})
     (host.dir / "nspawn.pid").write_text(str(proc.pid))
 
 
@@ -305,7 +333,8 @@ def _wait_running(host: LabHost, timeout: float = 90) -> None:
 
 def write_state(hosts: list[LabHost]) -> None:
     state = {"key": str(ssh_key()), "known_hosts": str(KNOWN_HOSTS),
-             "hosts": [{"name": h.name, "address": h.address, "role": h.role} for h in hosts]}
+             "hosts": [{"name": h.name, "address": h.address, "role": h.role, "suite": h.suite}
+                       for h in hosts]}
     (LAB_DIR / "hosts.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
@@ -313,7 +342,7 @@ def read_state() -> list[LabHost]:
     path = LAB_DIR / "hosts.json"
     if not path.exists():
         return []
-    return [LabHost(int(h["name"].removeprefix("lab")), h.get("role", "vllm"))
+    return [LabHost(int(h["name"].removeprefix("lab")), h.get("role", "vllm"), h.get("suite", SUITE))
             for h in json.loads(path.read_text())["hosts"]]
 
 
@@ -337,8 +366,38 @@ def up_light(count: int, log=print) -> list[LabHost]:
     return _up([LabHost(LIGHT_FIRST + i, "light") for i in range(count)], time.monotonic(), log)
 
 
+def up_stage(indexes: list[int], suite: str = "trixie", log=print) -> list[LabHost]:
+    """Boot stage hosts lab<i> for each index, on `suite`: hosts in the lab but not in its vLLM
+    inventory, for tests that bring software to another Debian release; idempotent, keeps the others.
+
+    A host already up at one of the indexes as another role or suite is a refusal (see _clashes)."""
+    preflight()
+    _check_suite(suite)
+    if not indexes or any(not 1 <= i < PLAIN_FIRST for i in indexes):
+        raise LabError(f"stage hosts take indexes 1 to {PLAIN_FIRST - 1}, apart from the vLLM hosts")
+    return _up([LabHost(i, "stage", suite) for i in sorted(set(indexes))], time.monotonic(), log)
+
+
+def _clashes(wanted: list[LabHost], running: list[LabHost]) -> list[LabHost]:
+    """Running hosts that `up` would otherwise take for wanted ones at the same index: one on another
+    suite, or a stage host taken for a vLLM one or the reverse. Its disk is another test's state, and
+    a host that answers SSH is never rebuilt, so the only safe answer is a refusal. (A plain host
+    asked for as a vLLM one is left to the earlier rule: relabelled, as before suites.)"""
+    by_index = {h.index: h for h in running}
+    clash = []
+    for w in wanted:
+        r = by_index.get(w.index)
+        if r and (r.suite != w.suite or (r.role == "stage") != (w.role == "stage")):
+            clash.append(r)
+    return clash
+
+
 def _up(hosts: list[LabHost], t0: float, log) -> list[LabHost]:
-    base = _base_dir()
+    clash = _clashes(hosts, [h for h in read_state() if _nspawn_pid(h)])
+    if clash:
+        busy = ", ".join(f"{h.name} ({h.role}, {h.suite})" for h in clash)
+        raise LabError(f"already up as other hosts: {busy}; remove them first (fleetlab.remove)")
+    bases = {suite: _base_dir(suite) for suite in sorted({h.suite for h in hosts})}
     pubkey = _ensure_key().with_suffix(".pub").read_text()
     write_known_hosts()  # hosts an earlier `up` made answer with the keys they have
     booting = []
@@ -347,7 +406,7 @@ def _up(hosts: list[LabHost], t0: float, log) -> list[LabHost]:
             continue
         if _nspawn_pid(h):  # half-alive: start over for this host
             stop(h)
-        _prepare_root(h, base, pubkey)
+        _prepare_root(h, bases[h.suite], pubkey)
         _network(h)
         booting.append(h)
     write_known_hosts()
@@ -355,17 +414,22 @@ def _up(hosts: list[LabHost], t0: float, log) -> list[LabHost]:
         _boot(h)
     for h in booting:
         _wait_running(h)
-        log(f"{h.name} up at {h.address}" + (" (plain host, no vLLM)" if h.role == "plain" else ""))
+        note = {"plain": " (plain host, no vLLM)", "stage": f" (stage host, {h.suite})"}.get(h.role, "")
+        log(f"{h.name} up at {h.address}{note}")
     # keep hosts that an earlier `up` started: `up` never destroys
     wanted = {h.index for h in hosts}
     extra = [h for h in read_state() if h.index not in wanted and _nspawn_pid(h)]
     write_state(sorted(hosts + extra, key=lambda h: h.index))
-    n_plain = sum(h.role == "plain" for h in hosts + extra)
-    n_light = sum(h.role == "light" for h in hosts + extra)
-    log(f"lab: {len(hosts + extra) - n_plain - n_light} vLLM host(s)"
-        + (f" and {n_plain} plain host(s)" if n_plain else "")
-        + (f" and {n_light} light host(s)" if n_light else "") + f" ready in {time.monotonic() - t0:.1f} s")
+    log(f"lab: {summary(hosts + extra)} ready in {time.monotonic() - t0:.1f} s")
     return sorted(hosts + extra, key=lambda h: h.index)
+
+
+def summary(hosts: list[LabHost]) -> str:
+    """'2 vLLM host(s) and 1 stage host(s)': vLLM hosts always named, other roles only when present."""
+    counts = {role: sum(h.role == role for h in hosts) for role in ROLES}
+    parts = [f"{counts['vllm']} vLLM host(s)"] + [f"{n} {role} host(s)" for role, n in counts.items()
+                                                  if role != "vllm" and n]
+    return " and ".join(parts)
 
 
 def remove(host: LabHost) -> None:

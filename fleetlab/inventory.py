@@ -57,14 +57,17 @@ def connection(h: lab.LabHost) -> dict[str, Any]:
 
 
 VLLM_ROLES = ("vllm", "light")
+# Stage hosts (other Debian releases) are left out altogether: the tests that boot them bring their own
+# inventory, and the lab's deploys and their "skipped N host(s)" notes stay what they are beside them.
+OWN_INVENTORY_ROLES = ("stage",)
 
 
 def lab_hosts() -> list[tuple[str, dict[str, Any]]]:
-    """Every lab host that is up; only vLLM hosts get `vllm` data (plain hosts stand for the database
-    or load balancer of the same inventory, and the vLLM deploys leave them alone; light hosts have it
-    but are only ever planned, by bench/fleet_scale.py)."""
+    """Every lab host that is up, stage hosts apart; only vLLM hosts get `vllm` data (plain hosts stand
+    for the database or load balancer of the same inventory, and the vLLM deploys leave them alone;
+    light hosts have it but are only ever planned, by bench/fleet_scale.py)."""
     return [(h.name, {**connection(h), **({"vllm": lab_vllm(h.index)} if h.role in VLLM_ROLES else {})})
-            for h in lab.read_state()]
+            for h in lab.read_state() if h.role not in OWN_INVENTORY_ROLES]
 
 
 def vllm_hosts() -> list[tuple[str, dict[str, Any]]]:
