@@ -198,7 +198,7 @@ def test_v100_on_a_cuda13_driver_is_refused() -> None:
         choose_variant("0.33.0", "cuda", driver, gpus)
     assert str(refusal.value) == (
         "GPU 0 Tesla V100-SXM2... (compute capability 7.0) is not supported by any CUDA build of vLLM 0.33.0 "
-        "(cu130: 7.5 8.0 8.6 8.9 9.0 10.0 11.0 12.0+PTX; cu129: 7.5 8.0 8.6 8.9 9.0 10.0 12.0); vLLM needs "
+        "(cu130: 7.5 8.0 8.6 8.9 9.0 10.0 12.0; cu129: 7.5 8.0 8.6 8.9 9.0 10.0 12.0); vLLM needs "
         "compute capability 7.5 or newer: remove the GPU from this host's deployment or pin an older vLLM"
     )
 
@@ -304,13 +304,12 @@ PY, RELEASE = "/opt/vllm/releases/.tmp-0.33.0/bin/python", "/opt/vllm/releases/.
 
 
 def test_install_cu130_from_the_registry() -> None:
-    """smi_table/b200-x8-580.95.05-cuda13.0-TRUNC.txt: the default (CUDA 13) wheel from PyPI, torch cu130."""
+    """smi_table/b200-x8-580.95.05-cuda13.0-TRUNC.txt: the default (CUDA 13) wheel from PyPI, and torch
+    from PyPI too (PyPI's torch 2.14.0 is the CUDA 13.0 build): no PyTorch index."""
     driver, gpus = table_host("smi_table/b200-x8-580.95.05-cuda13.0-TRUNC.txt")
     choice = choose_variant("0.33.0", "cuda", driver, gpus)
     assert install_command(choice, PY, RELEASE, None) == [
         "uv", "pip", "install", "--python", PY,
-        "--extra-index-url", "https://download.pytorch.org/whl/cu130",
-        "--index-strategy", "unsafe-best-match",
         "vllm==0.33.0",
     ]  # fmt: skip
 
@@ -355,7 +354,7 @@ def test_install_only_into_the_release() -> None:
 def test_packaged_table() -> None:
     """Every release has the three builds, CUDA builds newest first, with the documented minimums."""
     table = load_table()
-    assert sorted(table) == ["0.20.0", "0.31.0", "0.32.0", "0.33.0"]
+    assert sorted(table) == ["0.20.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
     for version, builds in table.items():
         assert list(builds) == ["cu130", "cu129", "cpu"], version
         assert (str(builds["cu130"].min_driver), str(builds["cu129"].min_driver)) == (

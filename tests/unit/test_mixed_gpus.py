@@ -11,6 +11,8 @@ written; the Gpu objects are combined in the test instead. The variant table is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.nvidia_captures import capture
@@ -24,7 +26,7 @@ ENV = {"VLLM_API_KEY": "k"}
 M = {"name": "q", "path": "/srv/q"}
 TITAN_V = "GPU 0 NVIDIA TITAN V (compute capability 7.0)"
 WHY = ("no CUDA build of vLLM 0.33.0 has kernels for compute capability 7.0 (cu130: 7.5 8.0 8.6 8.9 9.0 "
-       "10.0 11.0 12.0+PTX; cu129: 7.5 8.0 8.6 8.9 9.0 10.0 12.0; vLLM 0.33.0 needs 7.5 or newer)")
+       "10.0 12.0; cu129: 7.5 8.0 8.6 8.9 9.0 10.0 12.0; vLLM 0.33.0 needs 7.5 or newer)")
 
 
 def mixed() -> HostFacts:
@@ -118,15 +120,41 @@ def test_gpus_of_two_real_captures_on_one_host() -> None:
     lines = refused(two([0, 1], 2), facts)
     assert lines == [f"{HOST}: vllm.instances[a].gpus: GPU 0 Tesla P4 (compute capability 6.1) cannot be "
                      "used: no CUDA build of vLLM 0.33.0 has kernels for compute capability 6.1 (cu130: 7.5 "
-                     "8.0 8.6 8.9 9.0 10.0 11.0 12.0+PTX; cu129: 7.5 8.0 8.6 8.9 9.0 10.0 12.0; vLLM 0.33.0 "
+                     "8.0 8.6 8.9 9.0 10.0 12.0; cu129: 7.5 8.0 8.6 8.9 9.0 10.0 12.0; vLLM 0.33.0 "
                      "needs 7.5 or newer); this host's usable GPUs are [1, 2, 3, 4]"]
 
 
-def test_a_gpu_only_a_newer_driver_supports_is_left_out_with_the_driver_to_install() -> None:
+@pytest.fixture()
+def cu130_with_sm110(monkeypatch):
+    """The table with cu130's list as vLLM 0.33.0's aarch64 wheel has it (sm_110 besides the x86_64
+    list; tests/fixtures/cuobjdump/INDEX.md), so one arch is only in the build needing the newer driver;
+    the packaged table holds the x86_64 lists, where cu130 and cu129 cover the same GPUs."""
+    import vllm_fleet.core.variants as variants
+
+    real = variants.load_table()
+    rows = dict(real["0.33.0"])
+    rows["cu130"] = dataclasses.replace(rows["cu130"], cuda_arch_list=tuple(
+        variants.Arch.parse(a) for a in ("8.0", "8.6", "8.9", "9.0", "10.0", "11.0", "12.0")))
+    monkeypatch.setattr(variants, "load_table", lambda: {**real, "0.33.0": rows})
+
+
+def test_a_gpu_newer_than_every_builds_newest_arch_without_ptx_is_refused() -> None:
+    """x86_64 table: no build of 0.33.0 has sm_110 (Thor) or PTX to JIT for it; 10.3 (B300) and 12.1
+    (GB10) run the 10.0 and 12.0 kernels."""
+    for cc, ok in (((11, 0), False), ((13, 0), False), ((10, 3), True), ((12, 1), True)):
+        gpu = Gpu(0, "GPU-x", f"cc {cc}", 0, cc, "", minor=0)
+        facts = HostFacts(gpus=(gpu,), driver=DriverVersion.parse("580.95.05"))
+        if ok:
+            assert plan({"model": M}, facts).variant == "cu130"
+        else:
+            assert f"compute capability {cc[0]}.{cc[1]}" in " ".join(refused({"model": M}, facts))
+
+
+def test_a_gpu_only_a_newer_driver_supports_is_left_out_with_the_driver_to_install(cu130_with_sm110) -> None:
     """No capture has such a host, so the Gpu objects are written here: the RTX 5880 Ada captured above
-    and a GPU of compute capability 11.0, the one arch only cu130's list has (Thor's; real Thor boards
-    carry their own L4T driver, so this pairing only exercises the rule), on the 570 driver, below cu130's
-    minimum. The Ada card deploys; the other GPU waits for a driver."""
+    and a GPU of compute capability 11.0, in cu130's list only (Thor's; real Thor boards carry their own
+    L4T driver, so this pairing only exercises the rule), on the 570 driver, below cu130's minimum. The
+    Ada card deploys; the other GPU waits for a driver."""
     ada = mixed().gpus[1]
     thor = Gpu(0, "GPU-thor", "NVIDIA Thor", 0, (11, 0), "", minor=0)
     facts = HostFacts(gpus=(thor, ada), driver=DriverVersion.parse("570.86.15"))
@@ -138,7 +166,7 @@ def test_a_gpu_only_a_newer_driver_supports_is_left_out_with_the_driver_to_insta
         "host has 570.86.15); instances with `gpus` unset or a count take only GPUs [1]",)
 
 
-def test_a_pinned_build_leaves_out_what_its_arch_list_lacks() -> None:
+def test_a_pinned_build_leaves_out_what_its_arch_list_lacks(cu130_with_sm110) -> None:
     """The same two GPUs on a 580.95.05 driver with `variant: cu129` pinned: cu129 has no 11.0 kernels."""
     ada = mixed().gpus[1]
     thor = Gpu(0, "GPU-thor", "NVIDIA Thor", 0, (11, 0), "", minor=0)

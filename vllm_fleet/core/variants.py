@@ -71,6 +71,7 @@ class Variant:
     index_strategy: str | None = None
     remove_after_install: tuple[str, ...] = ()
     metadata_alias: str | None = None
+    constraints: tuple[str, ...] = ()  # added to the lock's resolution (known broken pairs avoided)
 
     @property
     def cuda_key(self) -> tuple[int, ...]:
@@ -128,6 +129,7 @@ def _variant(version: str, name: str, raw: dict[str, Any], min_cc: tuple[int, in
         index_strategy=raw.get("index_strategy"),
         remove_after_install=tuple(raw.get("remove_after_install", ())),
         metadata_alias=raw.get("metadata_alias"),
+        constraints=tuple(raw.get("constraints", ())),
     )
 
 
