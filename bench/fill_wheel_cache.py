@@ -1,7 +1,11 @@
-"""Fill the controller's wheel cache for the inventory's release without touching the host:
-the download a fleet makes once per release, kept out of bench/install_reuse.py's timed install."""
+"""Fill the controller's store with the lock of the inventory's release for the host's target, without
+touching the host: the download a fleet makes once per release and target, kept out of
+bench/install_reuse.py's timed install."""
 
+from pyinfra import host
+
+from vllm_fleet.deploy.facts import VllmHost
 from vllm_fleet.deploy.install import fill_cache
 from vllm_fleet.deploy.vllm import plan_without_secrets
 
-fill_cache(plan_without_secrets())
+fill_cache(plan_without_secrets(), host.get_fact(VllmHost))

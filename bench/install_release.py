@@ -1,5 +1,5 @@
 """Only the install part of deploys/vllm.py: the host's base and its release (from the controller's
-wheel cache, filled first if empty). Used by bench/install_reuse.py; no config, no restart."""
+store, filled first if empty). Used by bench/install_reuse.py; no config, no restart."""
 
 from pyinfra import host
 
@@ -9,5 +9,5 @@ from vllm_fleet.deploy.vllm import plan_without_secrets
 
 plan = plan_without_secrets()
 vh = host.get_fact(VllmHost)
-install.base(vh["base_ok"])
-install.release(plan, vh["releases"])
+install.base(vh["base_ok"], vh["uv"])
+install.release(plan, vh)

@@ -13,10 +13,9 @@ left them: a release upgrade, which sends only the wheels the host lacks and lin
 packages.
 At the end the ordinary deploy puts the host back: its normal release, serving, smoke-tested.
 
-Downloads are counted from the controller's own log line ("wheel cache: downloading ..."), printed once
-per release whatever the host count (vllm_fleet/controller/wheels.py holds one lock per release), and their
-bytes from
-the cache directory they filled; what each host receives is one tar of the wheels its store lacks
+Downloads are counted from the controller's own log line ("store: downloading ..."), printed once per
+release and target whatever the host count (vllm_fleet/controller/locks.py), and their bytes from the
+store they filled; what each host receives is one tar of the wheels its store lacks
 (the deploy logs "wheels for R: sent N of M (K MiB)").
 """
 
@@ -82,7 +81,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import fleetlab as lab
     from fleetlab.inventory import TINY_MODEL
-    from vllm_fleet.controller import wheels
+    from vllm_fleet.controller import locks
 
     hosts = {h.name: h for h in lab.read_state()}
     if args.host not in hosts:
@@ -92,9 +91,8 @@ def main() -> int:
     release = ssh(address, key, "readlink /opt/vllm/current").strip().rsplit("/", 1)[-1]
     if not release:
         sys.exit(f"{args.host} has no current release: deploy it first")
-    warm_wheels = wheels.wheel_dir(release)
-    if not (warm_wheels / ".complete").exists():
-        sys.exit(f"no warm wheel cache for {release} at {warm_wheels}: run `make demo` first")
+    if not any(locks.STORE.glob("*.whl")):
+        sys.exit(f"no warm store at {locks.STORE}: run `make demo` first")
     unit = "vllm-default.service"
     fresh = (f"systemctl stop {unit}; rm -rf /opt/vllm/releases/{release} /opt/vllm/releases/.tmp-{release} "
              "/opt/vllm/releases/.uv-cache /root/.cache/uv /var/cache/vllm-fleet/wheels")
@@ -117,11 +115,10 @@ def main() -> int:
                 took, out = pyinfra("bench/install_release.py", args.host, env)
                 if f"build release {release}" not in out:
                     sys.exit(f"the {kind} run did not build {release}:\n{out[-2000:]}")
-                downloads[kind] += sum(1 for line in out.splitlines()
-                                       if "wheel cache: downloading" in line and release in line)
-                fetch_s += [float(m) for m in re.findall(r"wheel cache: \d+ wheels in (\d+) s", out)]
+                downloads[kind] += sum(1 for line in out.splitlines() if "store: downloading" in line)
+                fetch_s += [float(m) for m in re.findall(r"store: \d+ wheels, [\d.]+ GiB in (\d+) s", out)]
                 if tmp:
-                    cache = Path(tmp) / "wheels" / release
+                    cache = Path(tmp) / "wheels" / "files"
                     cold_bytes, cold_wheels = dir_bytes(cache), sum(1 for _ in cache.glob("*.whl"))
                     bundle_bytes = dir_bytes(Path(tmp) / "bundles")
             finally:
@@ -172,7 +169,7 @@ def main() -> int:
     print(f"  wheel downloads: {downloads['cold']} in {args.runs} cold run(s) ({cold_wheels} wheels, "
           f"{cold_bytes / gib:.2f} GiB), {downloads['warm']} in {args.runs} warm run(s); per host over the "
           f"LAN to a host with an empty store: {bundle_bytes / gib:.2f} GiB")
-    print("  for N hosts: 1 download per release (one lock per release in vllm_fleet/controller/wheels.py), "
+    print("  for N hosts: 1 download per release and target (vllm_fleet/controller/locks.py), "
           "each host sent what its store lacks")
     # no target: a host with nothing on it builds the whole venv either way; the target is the next one
     print(f"  cold / warm (same release, host from nothing):  {ratio:5.2f} x   "

@@ -11,3 +11,5 @@ fi
 # The lab's machines reach PyPI only; torch's CPU build comes from the local folder pip is configured
 # with (pip config list), so the variant's public indexes (download.pytorch.org) are skipped.
 export VLLM_FLEET_VARIANT_INDEXES=${VLLM_FLEET_VARIANT_INDEXES:-0}
+# ...and the controller finds that CPU torch in the folder pip is configured with, for CPU builds
+export VLLM_FLEET_FIND_LINKS=${VLLM_FLEET_FIND_LINKS:-$(pip config get global.find-links 2>/dev/null || true)}

@@ -72,6 +72,10 @@ def _plan(args: argparse.Namespace) -> int:
                     dry=True, diff=True, detect_changes=True)
 
 
+def _stage(args: argparse.Namespace) -> int:
+    return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.stage_vllm", args.limit)
+
+
 def _rollout(args: argparse.Namespace, deploy: str = "vllm") -> int:
     from vllm_fleet.controller import rollout  # its runner sets gevent up first, as pyinfra's CLI does
     from vllm_fleet.deploy import rollback, vllm
@@ -178,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     plan_p.add_argument("--diff", action="store_true",
                         help="then each file a deploy would change, as a diff (needs the deploy's secrets)")
     plan_p.set_defaults(func=_plan)
+
+    stage_p = sub.add_parser("stage", help="per host: build the release from its lock, stage or fetch each "
+                                           "model, validate each config; nothing live changes")
+    stage_p.add_argument("inventory")
+    stage_p.add_argument("--limit", help=LIMIT_HELP)
+    stage_p.set_defaults(func=_stage)
 
     for name, func, helptext, canary in (
         ("rollout", _rollout, "canary, then waves; stops at the first failure", 1),

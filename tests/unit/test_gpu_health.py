@@ -43,7 +43,9 @@ def gpu_of(bus: str, name: str, index: int = 0, cc: tuple[int, int] = (8, 0)) ->
 
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, override: str | None):
-    return SimpleNamespace(variant="cu130", reason="fake", release_dir=f"{version}-cu130")
+    return SimpleNamespace(variant="cu130", reason="fake", release_dir=f"{version}-cu130",
+                           build=SimpleNamespace(index_url=None, extra_index_urls=(), index_strategy=None,
+                                                 accelerator="cuda"))
 
 
 def plan(data: dict, facts: HostFacts) -> HostPlan:

@@ -157,7 +157,9 @@ def test_fact_lists_rdma_devices(tmp_path: Path, fake_bin: Path) -> None:
 
 # --- plan and render -----------------------------------------------------------------------------------
 def fake_variant(version: str, accelerator: str, driver: Any, gpus: list, override: str | None) -> Any:
-    return SimpleNamespace(variant="cu130", reason="fake", release_dir=f"{version}-cu130")
+    return SimpleNamespace(variant="cu130", reason="fake", release_dir=f"{version}-cu130",
+                           build=SimpleNamespace(index_url=None, extra_index_urls=(), index_strategy=None,
+                                                 accelerator="cuda"))
 
 
 def _plan(gpus: list[Gpu], data: dict | None = None, **facts: Any):

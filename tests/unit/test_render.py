@@ -31,7 +31,9 @@ def gpu(i: int) -> Gpu:
 
 def fake_variant(version: str, accelerator: str, driver: Any, gpus: list, override: str | None) -> Any:
     name = "cpu" if accelerator == "cpu" else "cu130"
-    return SimpleNamespace(variant=name, reason="fake", release_dir=f"{version}-{name}")
+    return SimpleNamespace(variant=name, reason="fake", release_dir=f"{version}-{name}",
+                           build=SimpleNamespace(index_url=None, extra_index_urls=(), index_strategy=None,
+                                                 accelerator="cuda" if name.startswith("cu") else "cpu"))
 
 
 def make_plan(data: dict | None = None, n_gpus: int = 2, environ: dict | None = None) -> HostPlan:

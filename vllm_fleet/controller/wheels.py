@@ -1,4 +1,5 @@
-"""The controller's wheel cache: downloaded once per release, reused by every host and every later run.
+"""What the controller sends hosts: the wheels of a release's lock (vllm_fleet/controller/locks.py fills
+the store), and uv itself.
 
 Hosts behind a firewall (the lab's hosts have no route to any registry) install with `--no-index
 --find-links` from wheels the controller sends, which is also how an air-gapped fleet works. Each host
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
 import subprocess
 import sys
@@ -31,77 +31,42 @@ class WheelCacheError(RuntimeError):
     pass
 
 
-def wheel_dir(release: str) -> Path:
-    return CACHE_DIR / "wheels" / release
+def wheel_dir(name: str) -> Path:
+    return CACHE_DIR / "wheels" / name
 
 
 def _norm(name: str) -> str:
     return name.lower().replace("_", "-")
 
 
-def _extra_sources() -> list[str]:
-    """Fleet-wide wheel sources, e.g. a find-links folder holding torch's CPU build, or a mirror."""
-    args = ["--retries", "1", "--timeout", "20"]  # an unreachable index costs seconds, not minutes
-    for fl in filter(None, os.environ.get("VLLM_FLEET_FIND_LINKS", "").split(",")):
-        args += ["--find-links", fl]
-    for idx in filter(None, os.environ.get("VLLM_FLEET_EXTRA_INDEX_URLS", "").split(",")):
-        args += ["--extra-index-url", idx]
-    return args
-
-
 _LOCKS: dict[str, threading.Lock] = {}
 
 
-def fetch(release: str, requirements: Sequence[str], index_args: Sequence[str] = (), log=print) -> Path:
-    """pip download the release's requirements (and their dependencies) once, whatever the host count.
+def fetch(name: str, requirements: Sequence[str], log=print) -> Path:
+    """pip download a controller tool's wheel (uv for the hosts) once, whatever the host count.
 
     The lock matters under pyinfra, which runs every host's operation at once in gevent greenlets
     (its patched threading.Lock is cooperative there).
     """
-    with _LOCKS.setdefault(release, threading.Lock()):
-        return _fetch(release, requirements, index_args, log)
-
-
-def _fetch(release: str, requirements: Sequence[str], index_args: Sequence[str], log) -> Path:
-    dest = wheel_dir(release)
-    marker = dest / ".complete"
-    want = "\n".join(requirements) + "\n"
-    if marker.exists() and marker.read_text() == want:
+    with _LOCKS.setdefault(name, threading.Lock()):
+        dest = wheel_dir(name)
+        marker = dest / ".complete"
+        want = "\n".join(requirements) + "\n"
+        if marker.exists() and marker.read_text() == want:
+            return dest
+        dest.mkdir(parents=True, exist_ok=True)
+        log(f"wheel cache: downloading {' '.join(requirements)} into {dest}")
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest),
+               "--only-binary=:all:", "--retries", "1", "--timeout", "20", *requirements]
+        proc = subprocess.run(cmd, text=True, capture_output=True)
+        if proc.returncode != 0:
+            raise WheelCacheError("pip download failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
+        marker.write_text(want)
         return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    log(f"wheel cache: downloading {' '.join(requirements)} into {dest} (once per release)")
-    t0 = time.monotonic()
-    if os.environ.get("VLLM_FLEET_VARIANT_INDEXES", "1") == "0":
-        # this controller's own pip configuration already holds the variant's wheels (a mirror, or a
-        # find-links folder with torch's CPU build, as on the lab's machines): skip the public indexes
-        index_args = []
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
-           "--only-binary=:all:", *index_args, *_extra_sources(), *requirements]
-    proc = subprocess.run(cmd, text=True, capture_output=True)
-    if proc.returncode != 0:
-        raise WheelCacheError("pip download failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
-    marker.write_text(want)
-    log(f"wheel cache: {sum(1 for _ in dest.glob('*.whl'))} wheels in {time.monotonic() - t0:.0f} s")
-    return dest
 
 
 def _dist_name(wheel: Path | str) -> str:
     return _norm(Path(wheel).name.split("-")[0])
-
-
-def release_wheels(release: str, excludes: Sequence[str] = ()) -> list[Path]:
-    """The wheels a host installs for a release: the controller's download without the excluded ones."""
-    src = wheel_dir(release)
-    if not (src / ".complete").exists():
-        raise WheelCacheError(f"no complete wheel cache for {release} at {src}")
-    skip = {_norm(e) for e in excludes}
-    return [w for w in sorted(src.glob("*.whl")) if _dist_name(w) not in skip]
-
-
-def constraints(wheels: Sequence[Path | str]) -> list[str]:
-    """`name==version` for each wheel: pins the host's resolver to exactly what was downloaded for this
-    release, although the host's wheel store also holds other releases' versions."""
-    return [f"{_dist_name(w)}=={Path(w).name.split('-')[1]}" for w in wheels]
 
 
 def parse_store_listing(lines: Sequence[str]) -> dict[str, int]:
@@ -114,26 +79,61 @@ def parse_store_listing(lines: Sequence[str]) -> dict[str, int]:
     return have
 
 
-def host_bundle(release: str, excludes: Sequence[str], have: dict[str, int]) -> tuple[Path, list[Path]]:
-    """One tar of what a host lacks for a release: the wheels its store does not hold (a wheel of another
-    size, e.g. cut short by a killed upload, counts as missing), plus the release's wheel list and
-    constraints under `.releases/`. Named by its content, so hosts in the same state share one tar.
+def host_bundle(release: str, lock_text: str, wanted: Sequence[Path],
+                have: dict[str, int]) -> tuple[Path, list[Path]]:
+    """One tar of what a host lacks for a release: the lock's wheels its store does not hold (a wheel of
+    another size, e.g. cut short by a killed upload, counts as missing), plus the release's lock and
+    wheel list under `.releases/`. Named by its content, so hosts in the same state share one tar.
 
     A host that runs 0.31.0 lacks 5 of the 147 wheels of 0.32.0 (0.14 of 0.57 GiB): an upgrade sends
     those and uv links the rest from its cache.
     """
-    wanted = release_wheels(release, excludes)
     missing = [w for w in wanted if have.get(w.name) != w.stat().st_size]
     names = "\n".join(w.name for w in wanted) + "\n"
-    pins = "\n".join(constraints(wanted)) + "\n"
-    key = hashlib.sha256("\0".join([release, names, *(f"{w.name}:{w.stat().st_size}" for w in missing)])
+    key = hashlib.sha256("\0".join([release, lock_text, *(f"{w.name}:{w.stat().st_size}" for w in missing)])
                          .encode()).hexdigest()[:12]
     out = CACHE_DIR / "bundles" / f"{release}-{key}.tar"
     with _LOCKS.setdefault("bundle:" + out.name, threading.Lock()):
         if not out.exists():
             _write_tar(out, missing, {f".releases/{release}.wheels": names,
-                                      f".releases/{release}.constraints": pins})
+                                      f".releases/{release}.lock": lock_text})
     return out, missing
+
+
+class Progress(io.RawIOBase):
+    """A file being sent, read through: logs bytes, total, rate and elapsed every 3 s, so a 4 GiB
+    transfer is never a silent minute in pyinfra's output."""
+
+    def __init__(self, f: io.BufferedReader, total: int, label: str, log, every: float = 3.0) -> None:
+        self._f, self._total, self._label, self._log, self._every = f, total, label, log, every
+        self._done, self._t0 = 0, time.monotonic()
+        self._last = self._t0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._done += len(data)
+        now = time.monotonic()
+        if now - self._last >= self._every or (not data and self._done and now - self._t0 >= self._every):
+            self._last = now
+            t = now - self._t0
+            pct = 100 * self._done / self._total if self._total else 100
+            self._log(f"{self._label}: {self._done / 2**30:.2f} GiB of {self._total / 2**30:.2f} GiB "
+                      f"({pct:.0f}%), {self._done / 2**20 / t if t else 0:.0f} MiB/s, {t:.0f} s")
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
 
 
 def _write_tar(out: Path, wheels: Sequence[Path], extra: dict[str, str]) -> None:

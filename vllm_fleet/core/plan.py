@@ -19,6 +19,7 @@ from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.flags import SHUTDOWN_TIMEOUT_S, render_flags
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.hub import HF_HOME, TOKEN_SUFFIX, HubSnapshot
+from vllm_fleet.core.lock import IndexSettings, settings_for
 from vllm_fleet.core.modelinfo import ModelInfoError, from_config
 from vllm_fleet.core.sizing import estimate, estimate_cpu
 from vllm_fleet.core.spec import VLLM_WRITABLE, HostSpec, InstanceSpec, SpecError
@@ -44,6 +45,7 @@ HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 # the stdlib-only scripts from fleet/ that run on hosts (hoststate, the validator, the watchdog)
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
 UV_PATH = "/usr/local/bin/uv"  # vllm_fleet/host/hoststate.py's UV: host-side scripts import nothing of ours
+HOST_PYTHON = "/usr/bin/python3"  # the OS's python3: host scripts, and the base of every release's venv
 # vllm_fleet/host/keyguard.py, alone in its directory (the unit's PYTHONPATH, so nothing else becomes
 # importable),
 # loaded by vLLM's --middleware for every instance with a key
@@ -200,6 +202,8 @@ class HostPlan:
     ready_timeout_s: int
     instances: tuple[InstancePlan, ...]
     warnings: tuple[str, ...] = field(default=())
+    # where the release's lock is resolved from (and, in registry mode, installed from)
+    index: IndexSettings = field(default=IndexSettings())
 
 
 def unit_name(instance: str) -> str:
@@ -410,7 +414,22 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
         release=choice.release_dir, release_dir=f"{RELEASES_DIR}/{choice.release_dir}",
         install_source=spec.install_source, install_spec=choice, keep_releases=spec.keep_releases,
         ready_timeout_s=spec.ready_timeout_s, instances=tuple(instances), warnings=tuple(warnings),
+        index=index_settings(choice.build, spec, environ),
     )
+
+
+def index_settings(build: Any, spec: HostSpec, environ: Mapping[str, str]) -> IndexSettings:
+    """The fleet's `package_index`, else the variant's indexes; VLLM_FLEET_VARIANT_INDEXES=0 skips the
+    table's public indexes for a controller that reaches only PyPI or a mirror.
+
+    The controller's find-links folders (VLLM_FLEET_FIND_LINKS: torch's CPU build is on no PyPI) are
+    searched for CPU builds only: uv takes a find-links `torch 2.13.0+cpu` for a CUDA build's
+    `torch==2.13.0` (a local version matches the plain one)."""
+    fleet = spec.package_index.model_dump() if spec.package_index else None
+    find_links = [p for p in environ.get("VLLM_FLEET_FIND_LINKS", "").split(",") if p]
+    return settings_for(build.index_url, build.extra_index_urls, build.index_strategy, fleet,
+                        find_links if build.accelerator == "cpu" else [],
+                        public_indexes=environ.get("VLLM_FLEET_VARIANT_INDEXES", "1") != "0")
 
 
 def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gpu], tp: int, dtype: str,

@@ -16,6 +16,8 @@ class PlanRow:
     variant: str = "-"
     reason: str = ""
     release: str = "-"
+    lock: str = "-"  # the release's lock digest (vllm_fleet/core/lock.py)
+    target: str = ""
     instances: list[str] = field(default_factory=list)
     install: str = ""
     refused: str = ""
@@ -34,8 +36,8 @@ def gpu_summary(gpus) -> str:
 
 
 def table(rows: list[PlanRow]) -> str:
-    head = ("HOST", "ACCEL", "GPUS", "DRIVER", "VARIANT", "RELEASE", "INSTANCES (TP, dtype)")
-    body = [(r.host, r.accelerator, r.gpus, r.driver, r.variant, r.release,
+    head = ("HOST", "ACCEL", "GPUS", "DRIVER", "VARIANT", "RELEASE", "LOCK", "INSTANCES (TP, dtype)")
+    body = [(r.host, r.accelerator, r.gpus, r.driver, r.variant, r.release, r.lock,
              "; ".join(r.instances) if not r.refused else "REFUSED") for r in rows]
     lines = columns(head, body).splitlines()
     for r in rows:
@@ -44,6 +46,7 @@ def table(rows: list[PlanRow]) -> str:
             lines.append(f"{r.host}: refused: {r.refused}")
             continue
         lines.append(f"{r.host}: {r.variant} because {r.reason}")
+        lines.append(f"{r.host}: lock: {r.lock} for {r.target}")
         lines.append(f"{r.host}: install: {r.install}")
         lines += [f"{r.host}: warning: {w}" for w in r.warnings]
     return "\n".join(lines)

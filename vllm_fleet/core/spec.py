@@ -307,6 +307,31 @@ class ClusterSpec(BaseModel):
         return v
 
 
+_INDEX_URL = r"^https?://[A-Za-z0-9.:\[\]@-]+(/[^\s]*)?$"
+
+
+class PackageIndexSpec(BaseModel):
+    """Where a fleet's Python packages come from: a site's PEP 503 index (a PyPI mirror, devpi, proxpi,
+    Artifactory), replacing PyPI and the variant table's public indexes. The controller resolves each
+    lock there; hosts with `install_source: registry` install the lock from it."""
+
+    model_config = STRICT
+
+    index_url: str = Field(pattern=_INDEX_URL)
+    extra_index_urls: Seq[str] = ()
+    index_strategy: Literal["first-index", "unsafe-first-match", "unsafe-best-match"] | None = None
+
+    _known = model_validator(mode="before")(classmethod(hint_unknown))
+
+    @field_validator("extra_index_urls")
+    @classmethod
+    def _urls(cls, v: Sequence[str]) -> Sequence[str]:
+        for url in v:
+            if not re.match(_INDEX_URL, url):
+                raise ValueError(f"{url!r} is not an http(s) index URL")
+        return v
+
+
 class HostSpec(BaseModel):
     model_config = STRICT
 
@@ -336,6 +361,12 @@ class HostSpec(BaseModel):
     plan time, the hosts fetch from it)
 
     default: `https://huggingface.co`
+    """
+    package_index: PackageIndexSpec | None = None
+    """the fleet's own index (`index_url`, `extra_index_urls`, `index_strategy`), replacing PyPI and the
+    variant table's public indexes, for the controller's lock and store and for registry installs
+
+    default: PyPI and the variant's indexes
     """
     instances: Seq[InstanceSpec] = Field(min_length=1)
     """list of instances; instance keys at host level are the one-instance shorthand, or, next to

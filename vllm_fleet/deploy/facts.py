@@ -13,7 +13,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, RELEASES_DIR, UV_PATH, VLLM_USER
+from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, HOST_PYTHON, RELEASES_DIR, UV_PATH, VLLM_USER
 
 # what tells whether a unit is enabled, running, and restarted since it was last read
 UNIT_PROPERTIES = ("-p ActiveState -p SubState -p MainPID -p UnitFileState -p ActiveEnterTimestampMonotonic "
@@ -107,6 +107,10 @@ def _created(state: dict | None, managed: list[str]) -> list[str]:
     return sorted({f"vllm-{name}.service" for names in recorded for name in names})
 
 
+_TARGET_PY = ("import platform, sys; "
+              "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-')")
+
+
 class VllmHost(FactBase):
     """
     Returns what is installed under /opt/vllm and what was deployed before:
@@ -162,6 +166,10 @@ class VllmHost(FactBase):
             "systemctl show \"$t\" -p ActiveState -p UnitFileState 2>/dev/null; done; "
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
             f"echo '## uv'; {UV_PATH} --version 2>/dev/null; "
+            # what a lock is resolved for (vllm_fleet/core/lock.py Target), and each release's lock
+            f"echo '## python'; {HOST_PYTHON} -c {shlex.quote(_TARGET_PY)} 2>/dev/null; "
+            f"echo '## locks'; for f in {RELEASES_DIR}/*/.lock; do test -f \"$f\" && "
+            "echo \"$(basename \"$(dirname \"$f\")\") $(sha256sum < \"$f\" | cut -c1-16)\"; done; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "
             # systemd enforces IPAddressAllow= only on the unified cgroup hierarchy (v2)
             "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; "
@@ -204,6 +212,10 @@ class VllmHost(FactBase):
             # "0.13.9" from "uv 0.13.9 (x86_64-unknown-linux-gnu)"; None when uv is absent or does not run
             "uv": next(iter(" ".join(sections.get("uv", [])).split()[1:2]), None),
             "created": _created(state, sections.get("managed", [])),
+            # ["3.13", "x86_64", "2.41"]: the host's python3, machine and glibc; [] without python3
+            "python": " ".join(sections.get("python", [])).split()[:3],
+            # {release: its lock's digest}, for releases built from a lock
+            "locks": dict(line.split()[:2] for line in sections.get("locks", []) if len(line.split()) >= 2),
             "interfaces": interfaces,
             "ip_filtering": bool(sections.get("cgroup2")),
             "unprivileged_port_start": _int_or_none(sections.get("unprivileged_port_start", [])),

@@ -7,18 +7,23 @@ later run could mistake for a release.
 
 from __future__ import annotations
 
+import os
 import shlex
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.operations import python, server
 
 import vllm_fleet.host
-from vllm_fleet.controller import wheels
+from vllm_fleet.controller import locks, wheels
+from vllm_fleet.core.lock import Lock, Target, install_command
 from vllm_fleet.core.plan import (
     BASE_DIRS,
     CURRENT_LINK,
     FLEET_STATE,
+    HOST_PYTHON,
     HOST_TOOLS,
     HOST_WHEELS,
     KEYGUARD_DIR,
@@ -29,14 +34,13 @@ from vllm_fleet.core.plan import (
     VLLM_USER,
     HostPlan,
 )
-from vllm_fleet.core.variants import install_command
 from vllm_fleet.deploy import remote
 from vllm_fleet.deploy.ops import stale, synced_files
+from vllm_fleet.deploy.run import current
 
 # uv's cache beside the releases: same file system, so uv hardlinks instead of copying
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
 HOST_SRC = Path(vllm_fleet.host.__file__).resolve().parent  # the host-side scripts, shipped in the package
-HOST_PYTHON = "/usr/bin/python3"
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)
 HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py",
@@ -72,15 +76,17 @@ def tool_files() -> list[tuple[str, str]]:
     return [*[(str(HOST_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
 
 
-def _upload(local: Path, name: str, root_dir: str) -> str:
+def _upload(local: Path, name: str, root_dir: str, label: str | None = None) -> str:
     """Send a controller file where root takes it from: the login's own 0700 upload directory, or
-    root_dir for a root login; returns its path on the host."""
+    root_dir for a root login; returns its path on the host. With a label, progress is logged."""
     drop = remote.upload_dir()
     dest = f"{drop or root_dir}/{name}"
     if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
         raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
-    if not host.put_file(str(local), dest, _sudo=False):
-        raise wheels.WheelCacheError(f"upload of {local} to {dest} failed")
+    with open(local, "rb") as f:
+        src = wheels.Progress(f, local.stat().st_size, f"[{host.name}] {label}", logger.info) if label else f
+        if not host.put_file(src, dest, _sudo=False):
+            raise wheels.WheelCacheError(f"upload of {local} to {dest} failed")
     return dest
 
 
@@ -97,38 +103,72 @@ def send_uv() -> None:
 _RESOLVES = ("import importlib.metadata as m, importlib.util as u, sys; m.distribution('vllm'); "
              "sys.exit(u.find_spec('vllm') is None and 'vllm is not importable from this release')")
 
+# A long step's live progress on the host, every 3 s while the process runs: what it has added under
+# some directories (du counts a hardlinked file once, so uv unpacking into its cache and linking into
+# the release counts once), against the expected total (0: unknown), with rate and elapsed.
+_PROGRESS_SH = r"""progress() {
+  pid=$1 total=$2 label=$3; shift 3
+  t0=$(date +%s) base=$(du -scb "$@" 2>/dev/null | tail -n1 | cut -f1) most=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 3; kill -0 "$pid" 2>/dev/null || break
+    b=$(( $(du -scb "$@" 2>/dev/null | tail -n1 | cut -f1) - base ))
+    [ "$b" -gt "$most" ] && most=$b  # uv removes its downloads once unpacked: never count down
+    awk -v b="$most" -v total="$total" -v t="$(( $(date +%s) - t0 ))" -v label="$label" 'BEGIN {
+      of = total > 0 ? sprintf(" of %.2f GiB (%d%%)", total / 2^30, 100 * b / total) : ""
+      printf "%s: %.2f GiB unpacked%s, %.0f MiB/s, %d s\n", label, b / 2^30, of, t ? b / 2^20 / t : 0, t }'
+  done
+}"""
 
-def build_script(plan: HostPlan) -> tuple[str, list[str]]:
-    """The shell that builds a release aside and renames it into place; idempotent by construction."""
+
+def lock_file(release: str) -> str:
+    """Where a release's lock waits on the host until its build copies it into the release."""
+    return f"{HOST_WHEELS}/.releases/{release}.lock"
+
+
+def target(plan: HostPlan, vh: dict[str, Any]) -> Target:
+    py = vh.get("python") or []
+    if len(py) < 3:
+        raise locks.LockError(f"{HOST_PYTHON} does not run, or cannot tell its version and platform")
+    return Target.of_host(py[0], py[1], py[2], plan.variant)
+
+
+def lock_of(plan: HostPlan, vh: dict[str, Any]) -> Lock:
+    """The release's lock for this host's target: resolved once on the controller, then cached."""
+    build = plan.install_spec.build
+    return locks.resolve(plan.install_spec.install_spec, target(plan, vh), plan.index,
+                         constraints=build.constraints, excludes=build.remove_after_install,
+                         accelerator=build.accelerator, log=logger.info)
+
+
+def build_script(plan: HostPlan, lock: Lock, total_bytes: int = 0) -> tuple[str, list[str]]:
+    """The shell that builds a release aside from its lock and renames it into place; idempotent by
+    construction. The lock must already be at lock_file() (the bundle or send_lock put it there); its
+    sha256 is checked, so a stale one is never installed."""
     rel = plan.release_dir
     tmp = f"{RELEASES_DIR}/.tmp-{plan.release}"
     build = plan.install_spec.build
-    excludes = build.remove_after_install
     from_store = plan.install_source == "cache"
     py = f"{tmp}/bin/python"
+    cmd = install_command(py, tmp, f"{tmp}/.lock", plan.index, HOST_WHEELS if from_store else None)
     lines = [
         "set -eu",
         f"export UV_CACHE_DIR={UV_CACHE}",
+        # a caching mirror answers a file it has not cached only once it holds all of it (proxpi; a
+        # 1 GiB torch wheel takes longer than uv's default 30 s)
+        "export UV_HTTP_TIMEOUT=600",
         # one build at a time: an orphaned build (controller killed) finishes before a rerun looks
         f"exec 9>{RELEASES_DIR}/.lock",
         "flock 9",
         f"test -d {rel} && exit 0",
         f"rm -rf {tmp}",
         f"uv venv --quiet --relocatable --python {HOST_PYTHON} {tmp}",
+        f"cp {lock_file(plan.release)} {tmp}/.lock",
+        f"echo '{lock.sha256}  {tmp}/.lock' | sha256sum --check --quiet --strict",
+        _PROGRESS_SH,
+        f"{shlex.join(cmd)} & pid=$!",
+        f"progress $pid {total_bytes} {shlex.quote(f'install {plan.release}')} {tmp} {UV_CACHE}",
+        "wait $pid",
     ]
-    cmd = install_command(plan.install_spec, python=py, target=tmp,
-                          find_links=HOST_WHEELS if from_store else None)
-    if "--prefix" in cmd:  # the venv's own interpreter already targets it; --prefix would break relocation
-        i = cmd.index("--prefix")
-        del cmd[i:i + 2]
-    if excludes:
-        # never installed at all (cheaper and cleaner than uninstalling them afterwards)
-        lines.append(f"printf '%s\\n' {' '.join(excludes)} > {tmp}/.excludes")
-        cmd[3:3] = ["--excludes", f"{tmp}/.excludes"]
-    if from_store:
-        # the store holds other releases' versions too: pin exactly the wheels sent for this one
-        cmd[3:3] = ["--constraints", f"{HOST_WHEELS}/.releases/{plan.release}.constraints"]
-    lines.append(shlex.join(cmd))
     if from_store:
         lines.append(f"cp {HOST_WHEELS}/.releases/{plan.release}.wheels {tmp}/.wheels")  # for hoststate prune
     if build.metadata_alias:
@@ -143,57 +183,100 @@ def build_script(plan: HostPlan) -> tuple[str, list[str]]:
             ': > "$d/RECORD"',
         ]
     # The venv's interpreter runs and finds vllm's package and metadata, without importing it: the full
-    # import (8.8 s on the lab, mostly compiling torch's bytecode) is the validate step's, right after,
-    # before anything live changes; importing here as well cost a second, warm import (3.6 s).
+    # import is the validate step's, right after, before anything live changes.
     lines += [f"{py} -c {shlex.quote(_RESOLVES)}", f"mv -T {tmp} {rel}"]
     return "\n".join(lines), cmd
 
 
-def fill_cache(plan: HostPlan) -> None:
-    """The controller's download of a release, once whatever the host count."""
-    build = plan.install_spec.build
-    index_args = [a for url in build.extra_index_urls for a in ("--extra-index-url", url)]
-    if build.index_url:
-        index_args += ["--index-url", build.index_url]
-    wheels.fetch(plan.release, [plan.install_spec.install_spec], index_args)
+def fill_cache(plan: HostPlan, vh: dict[str, Any]) -> list[Path]:
+    """The controller's store of a release's lock for this host's target, once whatever the host count."""
+    return locks.fill_store(lock_of(plan, vh), target(plan, vh), plan.index, log=logger.info)
 
 
-def send_wheels(plan: HostPlan) -> None:
+def send_wheels(plan: HostPlan, lock: Lock, tgt: Target) -> None:
     """Controller side, at execution time (so `--dry` downloads and sends nothing): fill the controller's
-    cache, then send this host only the wheels its store lacks."""
-    build = plan.install_spec.build
-    fill_cache(plan)
+    store, then send this host the lock and only the wheels its store lacks."""
+    wanted = locks.fill_store(lock, tgt, plan.index, log=logger.info)
     listing = f"find {HOST_WHEELS} -maxdepth 1 -name '*.whl' -printf '%f %s\\n'"
     ok, out = remote.run(f"mkdir -p {HOST_WHEELS}/.releases && {listing}")
     if not ok:
         raise wheels.WheelCacheError(f"cannot list {HOST_WHEELS}: {out.stderr}")
-    tar, missing = wheels.host_bundle(plan.release, build.remove_after_install,
+    tar, missing = wheels.host_bundle(plan.release, lock.text, wanted,
                                       wheels.parse_store_listing(out.stdout_lines))
     # a non-root login sends it into its own 0700 upload directory and root unpacks it from there: no
-    # copy of the tar into place first (pyinfra's sudo upload would copy it, 0.57 GiB for a first host)
-    incoming = _upload(tar, f".incoming-{tar.name}", HOST_WHEELS)
+    # copy of the tar into place first (pyinfra's sudo upload would copy it)
+    incoming = _upload(tar, f".incoming-{tar.name}", HOST_WHEELS, label=f"wheels for {plan.release}")
     # -m: files dated now, so a wheel list sent for a build not yet run counts as pending in a prune
     ok, out = remote.run(f"tar -C {HOST_WHEELS} -m --no-same-owner -xf {shlex.quote(incoming)} && "
                          f"rm -f {shlex.quote(incoming)}")
     if not ok:
         raise wheels.WheelCacheError(f"unpacking {incoming} failed: {out.stderr}")
-    wanted = len(wheels.release_wheels(plan.release, build.remove_after_install))
-    kept = wanted - len(missing)
-    logger.info(f"[{host.name}] wheels for {plan.release}: sent {len(missing)} of {wanted} "
+    kept = len(wanted) - len(missing)
+    logger.info(f"[{host.name}] wheels for {plan.release}: sent {len(missing)} of {len(wanted)} "
                 f"({sum(w.stat().st_size for w in missing) / 2**20:.0f} MiB)"
                 + (f", {kept} already on the host" if kept else ""))
 
 
-def release(plan: HostPlan, installed: list[str]):
+def send_lock(plan: HostPlan, lock: Lock) -> None:
+    """Registry mode: only the lock goes over SSH; the host fetches its files from the index."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lock", delete=False) as f:
+        f.write(lock.text)
+    try:
+        sent = _upload(Path(f.name), f".incoming-{plan.release}.lock", f"{HOST_WHEELS}/.releases")
+    finally:
+        os.unlink(f.name)
+    ok, out = remote.run(f"mkdir -p {HOST_WHEELS}/.releases && install -m 644 {shlex.quote(sent)} "
+                         f"{lock_file(plan.release)} && rm -f {shlex.quote(sent)}")
+    if not ok:
+        raise wheels.WheelCacheError(f"placing the lock for {plan.release} failed: {out.stderr}")
+
+
+def release(plan: HostPlan, vh: dict[str, Any]):
     """Build the release if the host lacks it; returns the build operation (None when present)."""
-    if plan.release in installed:
+    if plan.release in vh["releases"]:
         return None
+    try:
+        tgt = target(plan, vh)
+        lock = lock_of(plan, vh)
+    except locks.LockError as e:
+        raise wheels.WheelCacheError(f"{host.name}: {plan.release}: {e}") from None
     if plan.install_source == "cache":
-        python.call(name=f"wheels for {plan.release}", function=send_wheels, plan=plan)
-    script, cmd = build_script(plan)
+        python.call(name=f"wheels for {plan.release} (lock {lock.digest}, {tgt.key})", function=send_wheels,
+                    plan=plan, lock=lock, tgt=tgt)
+    else:
+        python.call(name=f"lock {lock.digest} for {plan.release} ({tgt.key})", function=send_lock,
+                    plan=plan, lock=lock)
     # the exact install command, in dry runs too (the operation list shows names only)
-    logger.info(f"[{host.name}] build release {plan.release}: {shlex.join(cmd)}")
-    return server.shell(name=f"build release {plan.release}", commands=[script])
+    logger.info(f"[{host.name}] build release {plan.release} from lock {lock.digest} ({tgt.key}): "
+                f"{shlex.join(build_script(plan, lock)[1])}")
+    return python.call(name=f"build release {plan.release}", function=_build, plan=plan, lock=lock, tgt=tgt)
+
+
+def _unpacked_total(plan: HostPlan, lock: Lock, tgt: Target) -> int:
+    """What the install unpacks, for its progress: the store's wheels' contents (0, unknown, in registry
+    mode, where the controller holds no wheels)."""
+    if plan.install_source != "cache":
+        return 0
+    try:
+        return locks.unpacked_size(locks.stored(lock, tgt))
+    except locks.LockError:
+        return 0
+
+
+def _build(state: Any, host: Any, plan: HostPlan, lock: Lock, tgt: Target) -> bool:
+    """The build with its progress lines shown as they come (its script made here, at execution, when
+    the store holds the wheels whose size the progress counts towards); a failure fails the host with
+    uv's last words, nothing live touched."""
+    script, _ = build_script(plan, lock, _unpacked_total(plan, lock, tgt))
+    label = plan.release
+    ok, out = host.run_shell_command(script, print_output=True, **remote.connector_arguments(host))
+    if not ok:
+        reason = " ".join(out.stderr_lines[-4:]) or "no reason given"
+        host.log_styled(f"build of release {label} failed, nothing switched: {reason}", fg="red",
+                        log_func=logger.error)
+        current().failures.setdefault(host.name, f"{host.name}: build of release {label} failed: {reason}")
+        return False
+    return True
 
 
 def switch(plan: HostPlan, current: str | None):
@@ -208,16 +291,32 @@ def switch(plan: HostPlan, current: str | None):
                       f"mv -T {CURRENT_LINK}.new.$$ {CURRENT_LINK}")])
 
 
-def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str) -> None:
+def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str, marker: bytes,
+             marker_path: str) -> None:
     """The new release's own vLLM checks the staged config; a rejection stops this host right here.
     It runs with the unit's environment (vllm_fleet/deploy/service.py validator_environment), read from a
-    staged
-    root-only file."""
-    server.shell(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", commands=[
-        f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"
-        + (" --api-key-expected" if inst.key_guarded else "")
-        + (f" --engine-as {VLLM_USER}" if inst.hub is not None else "")  # the snapshot is in its cache
-        + f" --environment {staged_environment}"])
+    staged root-only file. A pass leaves `marker` (service.validation_marker) so the same config, with
+    the same release, is not validated twice."""
+    command = (f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"
+               + (" --api-key-expected" if inst.key_guarded else "")
+               + (f" --engine-as {VLLM_USER}" if inst.hub is not None else "")  # the snapshot is in its cache
+               + f" --environment {staged_environment} --device {plan.install_spec.build.accelerator}"
+               + f" && (umask 077 && printf %s {shlex.quote(marker.decode())} > {marker_path})")
+    python.call(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", function=_validate,
+                command=command, label=f"{inst.name} with {plan.release}")
+
+
+def _validate(state: Any, host: Any, command: str, label: str) -> bool:
+    """The validator prints its elapsed time while vLLM imports and builds its config (seconds on a CPU
+    host, more with a CUDA build); a rejection fails the host with the validator's verdict."""
+    ok, out = host.run_shell_command(command, print_output=True, **remote.connector_arguments(host))
+    if not ok:
+        reason = " ".join((out.stderr_lines or out.stdout_lines)[-6:]) or "no reason given"
+        host.log_styled(f"validation of {label} failed, nothing switched: {reason}", fg="red",
+                        log_func=logger.error)
+        current().failures.setdefault(host.name, f"{host.name}: validation of {label} failed: {reason}")
+        return False
+    return True
 
 
 __all__ = ["base", "release", "switch", "validate", "host"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -32,8 +33,26 @@ def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
     return (inst.config_path, inst.env_path, inst.environment_path, f"/etc/systemd/system/{inst.unit}",
             inst.hub_token_path,
-            f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json",
+            f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json", validated_path(inst),
             *(f"/etc/systemd/system/{u}" for u in inst.watchdog_units))
+
+
+def validated_path(inst: InstancePlan) -> str:
+    return f"{STAGED}/{inst.name}.validated"
+
+
+def validation_marker(plan: HostPlan, inst: InstancePlan) -> bytes:
+    """What a passed validation leaves beside the staged config: the release and the digests of what
+    the validator read. A later run whose staged config, environment and release are the same (a
+    deploy after `vllm-fleet stage`) does not validate again."""
+    config = hashlib.sha256(render.serve_config(plan, inst).encode()).hexdigest()
+    environment = hashlib.sha256(json.dumps(validator_environment(inst), sort_keys=True).encode()).hexdigest()
+    return f"{plan.release} {config} {environment}\n".encode()
+
+
+def validated(plan: HostPlan, inst: InstancePlan) -> bool:
+    return not stale([(validation_marker(plan, inst), validated_path(inst))], "root", "root", "600",
+                     instance_paths(inst))
 
 
 def restart_command(unit: str) -> str:

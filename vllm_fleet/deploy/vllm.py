@@ -19,10 +19,20 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python, server
 
+from vllm_fleet.controller.wheels import WheelCacheError
 from vllm_fleet.core import cluster
 from vllm_fleet.core import hub as core_hub
+from vllm_fleet.core.lock import LockError, install_command
 from vllm_fleet.core.modelinfo import weight_bytes_from_dir
-from vllm_fleet.core.plan import STAGED, HostFacts, HostPlan, missing_secrets, plan_host
+from vllm_fleet.core.plan import (
+    HOST_WHEELS,
+    STAGED,
+    HostFacts,
+    HostPlan,
+    InstancePlan,
+    missing_secrets,
+    plan_host,
+)
 from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from vllm_fleet.core.startup import HostPorts
 from vllm_fleet.core.tables import columns
@@ -176,6 +186,37 @@ def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
 
 
+def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> bool:
+    """Stage the config when something live would change, and validate it with the release unless
+    that exact config and release passed already (`vllm-fleet stage` before a maintenance window)."""
+    staged = service.stage_config(plan, inst, release_changing)
+    if staged and not service.validated(plan, inst):
+        install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json",
+                         service.validation_marker(plan, inst), service.validated_path(inst))
+    return staged
+
+
+def release_op(plan: HostPlan, vh: dict[str, Any]):
+    """The release's build from its lock, or None when the host has it; a lock that cannot be resolved
+    or must not be installed is a refusal before this host is touched."""
+    try:
+        return install.release(plan, vh)
+    except WheelCacheError as e:
+        raise Refused(f"refused, nothing was changed:\n  {e}") from None
+
+
+def lock_digest(plan: HostPlan, vh: dict[str, Any]) -> tuple[str, str]:
+    """The lock a plan shows: the installed release's own (read on the host), else the one the build
+    would use (resolved on the controller, once); and the target it is for."""
+    try:
+        tgt = install.target(plan, vh)
+    except LockError as e:
+        return "-", f"({e})"
+    if plan.release in vh["releases"]:
+        return vh.get("locks", {}).get(plan.release, "-"), tgt.key
+    return install.lock_of(plan, vh).digest, tgt.key
+
+
 @deploy("vLLM")
 def deploy_vllm() -> None:
     """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back.
@@ -199,7 +240,7 @@ def _deploy_vllm() -> None:
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
     install.base(vh["base_ok"], vh["uv"])
-    built = install.release(plan, vh["releases"])
+    built = release_op(plan, vh)
     release_changing = vh["current"] != plan.release
     model_changed, pending = {}, []
     for inst in plan.instances:
@@ -208,10 +249,7 @@ def _deploy_vllm() -> None:
         # commit is a new snapshot directory, so the config changes and restarts; a fetch that only
         # repairs the serving snapshot's files restarts nothing
         hub.fetch(plan, inst, service.instance_paths(inst))
-        staged = service.stage_config(plan, inst, release_changing)
-        if staged:
-            install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml",
-                             f"{STAGED}/{inst.name}.environment.json")
+        staged = validate_staged(plan, inst, release_changing)
         pending.append(staged or model_changed[inst.name])
     node = current().nodes.get(host.name)
     if node is not None:
@@ -267,11 +305,39 @@ def _deploy_vllm() -> None:
     lb.ready_op(drains=bool(drained))
 
 
+@deploy("vLLM stage")
+def stage_vllm() -> None:
+    """Everything a deploy does before its switch, nothing live touched: the release built from its
+    lock, each model staged or fetched, each config validated by that release. What an operator runs
+    before a maintenance window; the deploy or rollout after it builds, copies, fetches and validates
+    nothing again, and goes straight to the switch and restart."""
+    try:
+        _stage_vllm()
+    except PyinfraError as e:
+        current().fail(host.name, e)
+        raise
+
+
+def _stage_vllm() -> None:
+    spec = this_host()
+    if spec is None:
+        return
+    plan, vh = plan_this_host(spec)
+    prefetch([tuple(d for _, d in install.tool_files()),
+              *[tuple(d for _, d in model.files(i)) for i in plan.instances],
+              *[service.instance_paths(i) for i in plan.instances]])
+    install.base(vh["base_ok"], vh["uv"])
+    release_op(plan, vh)
+    for inst in plan.instances:
+        model.stage(inst)
+        hub.fetch(plan, inst, service.instance_paths(inst))
+        validate_staged(plan, inst, vh["current"] != plan.release)
+
+
 @deploy("vLLM plan")
 def plan_report() -> None:
     """Facts and plan only, no operation: one row per host for `vllm-fleet plan`."""
     from vllm_fleet.core import report
-    from vllm_fleet.deploy.install import build_script
 
     run = current()
     rows = run.rows.setdefault("plan", [])
@@ -293,7 +359,17 @@ def plan_report() -> None:
         python.call(name="plan refused", function=_refused, reason=row.refused)
         return
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
-    row.install = shlex.join(build_script(plan)[1])
+    try:
+        row.lock, row.target = lock_digest(plan, vh)
+    except LockError as e:
+        row.refused = f"{host.name}: {plan.release}: {e}"
+        python.call(name="plan refused", function=_refused, reason=row.refused)
+        return
+    row.install = shlex.join(install_command(f"{plan.release_dir}/bin/python", plan.release_dir,
+                                             f"{plan.release_dir}/.lock", plan.index,
+                                             HOST_WHEELS if plan.install_source == "cache" else None))
+    if plan.release in vh["releases"]:
+        row.install = "installed"
     row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}"
                      + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
                      + (f" [{i.node.describe()}]" if i.node else "")
@@ -325,8 +401,8 @@ def smoke_only() -> None:
         unit = vh["unit_states"].get(inst.unit, {})
         service = f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')}"
         status.append((host.name, inst.name, vh["current"] or "-", recorded.get("release") or "-",
-                        config_hash[:12] if recorded else "-", recorded.get("at", "-"), service,
-                        unit.get("MainPID", "-")))
+                        recorded.get("lock") or "-", config_hash[:12] if recorded else "-",
+                        recorded.get("at", "-"), service, unit.get("MainPID", "-")))
     verify_op(plan, changed=lambda: False, wait=False, live=True)
     if any(b.servers_of(host.name) for b in lb.balancers().values()):
         python.call(name="load balancer state", function=lambda: lb_status.extend(lb.server_states()))
@@ -336,7 +412,8 @@ def _print_status(status: list[tuple[str, ...]], lb_status: list[tuple[str, ...]
     from vllm_fleet.host.metrics import LIVE_HEAD
 
     live = {(r.host, r.instance): r.live.cells() for r in current().results if r.live is not None}
-    head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "CONFIG", "DEPLOYED AT", "SERVICE", "PID", *LIVE_HEAD)
+    head = ("HOST", "INSTANCE", "CURRENT", "RECORDED", "LOCK", "CONFIG", "DEPLOYED AT", "SERVICE", "PID",
+            *LIVE_HEAD)
     rows = [(*row, *live.get((row[0], row[1]), ("-",) * len(LIVE_HEAD))) for row in sorted(status)]
     print("\n" + columns(head, rows) + skipped_hosts_note())
     if lb_status:

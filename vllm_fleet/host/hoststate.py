@@ -336,9 +336,19 @@ def _live_release() -> str | None:
         return None
 
 
+def _lock_of(release: str | None) -> str | None:
+    """The digest of the lock the release was built from (vllm_fleet/core/lock.py digest)."""
+    try:
+        with open(os.path.join(RELEASES, release or "", ".lock"), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
 def _record(release: str | None, files: dict[str, str]) -> dict:
     return {
         "release": release,
+        "lock": _lock_of(release),
         "files": {name: _sha(path) for name, path in files.items()},
         "instances": sorted(n[:-5] for n in files if n.endswith(".yaml")),
         # the units a deploy may remove when their instance leaves the inventory (vllm_fleet/deploy/vllm.py)

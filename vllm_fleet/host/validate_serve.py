@@ -21,7 +21,7 @@ CONFIG.yaml.routes.json: the routes the app registers, which the smoke test prob
 The route is the same in vLLM 0.31-0.33.
 
 Usage: python validate_serve.py CONFIG.yaml [--api-key-expected] [--environment ENV.json]
-                                            [--engine-as USER]
+                                            [--engine-as USER] [--device cuda|cpu]
        (exit 0 = accepted; 1 = rejected, reason on stderr)
 """
 
@@ -46,6 +46,47 @@ KEY_EXPECTED = "--api-key-expected"
 ENVIRONMENT = "--environment"
 ENGINE_AS = "--engine-as"  # the engine config is built as this user (a model in its own cache)
 GUARD = "vllm_fleet_keyguard.KeyGuard"  # core/plan.py's KEYGUARD: what --middleware must hold with a key
+DEVICE = "--device"  # the build's accelerator (cuda, cpu): a CUDA build checked where no GPU is visible
+
+
+def gpu_visible() -> bool:
+    """What vLLM's CUDA platform plugin asks before it picks CUDA: NVML starts and counts a device.
+    Where it does not (a staging host, a container without the devices), vLLM finds no platform and
+    fails with "Failed to infer device type" instead of a verdict."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return False
+        count = ctypes.c_uint(0)
+        found = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 and count.value > 0
+        nvml.nvmlShutdown()
+        return found
+    except (OSError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def ticking(label: str, every: float = 3.0):
+    """A line every few seconds while vLLM imports and builds its config (seconds on a CPU host, longer
+    for a CUDA build's first import), so a validation is never a silent minute."""
+    import threading
+    import time
+
+    done, t0 = threading.Event(), time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _refuse(msg: str) -> int:
@@ -141,11 +182,22 @@ def _engine_check(ns: argparse.Namespace, config: dict) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    with ticking(f"validating {os.path.basename(argv[0])}"):
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     if ENVIRONMENT in argv[1:-1]:
         # the unit's environment without secrets, from a root-only file: no value in root's argv
         with open(argv[argv.index(ENVIRONMENT, 1) + 1]) as f:
             os.environ.update(json.load(f))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a check never downloads
+    device = argv[argv.index(DEVICE, 1) + 1] if DEVICE in argv[1:-1] else None
+    # a CUDA build where no GPU is visible: the parser's checks run on vLLM's CPU platform, and the
+    # engine config (the GPU's own checks) is left to vLLM's start on the serving host
+    no_gpu = device == "cuda" and "VLLM_TARGET_DEVICE" not in os.environ and not gpu_visible()
+    if no_gpu:
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     import yaml
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -195,7 +247,7 @@ def main(argv: list[str]) -> int:
     model = getattr(ns, "model_tag", None) or getattr(ns, "model", None)
     # root builds the engine config, which imports a trust_remote_code model's own code: never as root
     remote_code = bool(config.get("trust-remote-code"))
-    engine = bool(model and os.path.isdir(model)) and not remote_code
+    engine = bool(model and os.path.isdir(model)) and not remote_code and not no_gpu
     if engine:
         ns.model = model
         user = argv[argv.index(ENGINE_AS, 1) + 1] if ENGINE_AS in argv[1:-1] else None
@@ -225,6 +277,9 @@ def main(argv: list[str]) -> int:
             json.dump(vllm_fleet_keyguard.routes(path), f)
     if engine:
         print("accepted (parser and engine config)")
+    elif no_gpu:
+        print("accepted (parser; no GPU is visible on this host, so vLLM checks the CUDA engine config when "
+              "it starts)")
     elif remote_code:
         print("accepted (parser; trust_remote_code: the model's code runs only in the unit, so vLLM checks "
               "the engine config when it starts)")
