@@ -1,0 +1,168 @@
+"""The CUDA build installed for real: PyPI's CUDA 13.0 vLLM 0.33.0 staged from one lock on Debian 13 lab
+hosts, from the controller's store and from a real caching PyPI mirror; then stage-before-deploy on a
+serving CPU host.
+
+The GPU is SIMULATED: lab5 and lab6 are Debian 13 (trixie, Python 3.13) hosts whose nvidia-smi replays a
+real capture (tests/fixtures/nvidia/query_csv/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt: 1x H100 80GB
+HBM3, driver 590.48.01). No NVIDIA driver or GPU exists here: the plan picks cu130 from that capture, the
+release is installed and imported (torch, vLLM, the fp8 and awq quantization configs), and vLLM's parser
+checks the serve config; vLLM's NVML finds no GPU, so the engine config (the GPU's own checks) and serving
+stay unproven without one. Nothing starts vLLM on these hosts.
+
+The mirror is proxpi from PyPI (fleetlab/pypimirror.py) on the controller's 10.77.0.1, upstream PyPI: the
+controller resolves the lock and fills its store through it, so its cache is warm for lab6, which has no
+route to PyPI. The hosts run one after the other (9 GiB installed each), lab5 removed before lab6 boots.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fleetlab as lab
+from fleetlab import gpusim, pypimirror
+from tests.hosts.conftest import ROOT, deploy, on, unit_props
+from vllm_fleet.core.lock import Lock, broken_pairs
+
+INVENTORY = str(Path(__file__).with_name("inventory_stage.py"))
+RELEASE = "/opt/vllm/releases/0.33.0-cu130"
+CLI = str(Path(sys.executable).parent / "vllm-fleet")
+# on the host, with the release's own interpreter; VLLM_TARGET_DEVICE as the validator sets it where
+# NVML finds no GPU (vLLM imports its CPU extension instead of probing for a device)
+CHECK = ("import importlib.metadata as m, torch, vllm\n"
+         "from vllm.model_executor.layers.quantization import get_quantization_config as q\n"
+         "import cutlass\n"
+         "print('cuda', torch.version.cuda, 'vllm', vllm.__version__, 'quant', q('fp8').__name__,"
+         " q('awq').__name__, 'cuda-python', m.version('cuda-python'), 'cuda-bindings',"
+         " m.version('cuda-bindings'))\n")
+found: dict[str, str] = {}  # what the first host's test found, for the second's
+
+
+@pytest.fixture(scope="module")
+def mirror():
+    url = pypimirror.start()
+    yield url
+    pypimirror.stop()
+
+
+def _stage_host(index: int) -> lab.LabHost:
+    """A trixie stage host with the replayed H100; the fixture removes it (its 9 GiB release with it)."""
+    host = next(h for h in lab.up_stage([index]) if h.index == index)
+    gpusim.replay(host)
+    return host
+
+
+def _cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([CLI, *args], cwd=ROOT, env=dict(os.environ), text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def _host_check(host: str) -> str:
+    out = on(host, f"VLLM_TARGET_DEVICE=cpu {RELEASE}/bin/python -c {shlex.quote(CHECK)} 2>&1 | tail -n1")
+    return out.strip()
+
+
+@pytest.fixture(scope="module")
+def lab5(deployed, mirror):
+    host = _stage_host(5)
+    yield host
+    lab.remove(host)
+
+
+def test_the_plan_shows_cu130_and_the_lock_resolved_for_the_trixie_hosts_python(lab5):
+    plan = _cli("plan", INVENTORY, "--limit", "lab5", timeout=600)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    row = next(line for line in plan.stdout.splitlines() if line.startswith("lab5 "))
+    assert "1x NVIDIA H100 80GB HBM3 (9.0, 80 GiB)" in row and "590.48.01" in row
+    assert " cu130 " in row and "0.33.0-cu130" in row and "(TP 1, bfloat16)" in row
+    lock_line = next(line for line in plan.stdout.splitlines() if line.startswith("lab5: lock: "))
+    digest, target = re.fullmatch(r"lab5: lock: ([0-9a-f]{16}) for (\S+)", lock_line).groups()
+    assert target == "cp313-x86_64-manylinux_2_40-cu130"  # trixie's 3.13 and glibc 2.41, capped at uv's 2.40
+    assert digest in row
+    install = next(line for line in plan.stdout.splitlines() if line.startswith("lab5: install: "))
+    assert "--no-deps --require-hashes --no-index --find-links /var/cache/vllm-fleet/wheels" in install
+    found["digest"] = digest
+
+
+def test_staging_installs_the_lock_from_the_store_validates_and_restarts_nothing(lab5):
+    digest = found["digest"]
+    staged = _cli("stage", INVENTORY, "--limit", "lab5")
+    out = staged.stdout + staged.stderr
+    assert staged.returncode == 0, out[-5000:]
+    # live progress of each long step
+    assert re.search(r"\[lab5\] wheels for 0\.33\.0-cu130: \d+\.\d\d GiB of \d+\.\d\d GiB \(100%\), "
+                     r"\d+ MiB/s", out)
+    assert re.search(r"\[lab5\] install 0\.33\.0-cu130: \d+\.\d\d GiB unpacked of \d+\.\d\d GiB", out)
+    assert re.search(r"\[lab5\] validating default\.yaml: \d+ s", out)
+    assert f"wheels for 0.33.0-cu130 (lock {digest}, cp313-x86_64-manylinux_2_40-cu130)" in out
+    # device-neutral: without it vLLM 0.33.0 fails here with "Failed to infer device type"
+    assert "accepted (parser; no GPU is visible on this host" in out
+    assert "Traceback" not in out
+    # on the host: the release is the lock's, and the CUDA 13 build works as far as no GPU allows
+    assert on("lab5", f"sha256sum < {RELEASE}/.lock").startswith(digest)
+    check = _host_check("lab5")
+    assert check.startswith("cuda 13.0 vllm 0.33.0 quant Fp8Config AutoAWQConfig cuda-python 13."), check
+    assert check.split("cuda-bindings ")[1].startswith("13."), check
+    lock = Lock.parse(on("lab5", f"cat {RELEASE}/.lock"))
+    assert broken_pairs(lock) == [] and lock.pin("torch").version == "2.14.0"
+    # nothing live: no current release, no unit, no process
+    assert on("lab5", "readlink /opt/vllm/current; systemctl list-units 'vllm-*' --all --no-legend; "
+                      "pgrep -f 'vllm serve'").strip() == ""
+    assert on("lab5", "cat /var/lib/vllm-fleet/staged/default.validated").startswith("0.33.0-cu130 ")
+    # a second stage finds it all in place
+    again = _cli("stage", INVENTORY, "--limit", "lab5", timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "build release" not in again.stdout and "validates" not in again.stdout
+    found["wheels_sent"] = re.search(r"\[lab5\] wheels for 0\.33\.0-cu130: sent (\d+) of (\d+)", out)[0]
+
+
+@pytest.fixture(scope="module")
+def lab6(deployed, mirror):
+    lab.remove(lab.LabHost(5))  # one 9 GiB release at a time
+    host = _stage_host(6)
+    yield host
+    lab.remove(host)
+
+
+def test_a_second_host_installs_the_same_lock_from_the_mirror_with_no_wheel_over_ssh(lab6, mirror):
+    digest = found["digest"]
+    log = pypimirror.LOG.read_text() if pypimirror.LOG.exists() else ""
+    staged = _cli("stage", INVENTORY, "--limit", "lab6")
+    out = staged.stdout + staged.stderr
+    assert staged.returncode == 0, out[-5000:]
+    assert f"lock {digest} for 0.33.0-cu130 (cp313-x86_64-manylinux_2_40-cu130)" in out
+    assert "wheels for" not in out  # the controller's SSH carried the lock, no wheel
+    assert on("lab6", "ls /var/cache/vllm-fleet/wheels | grep -c '[.]whl$'").strip() == "0"
+    assert on("lab6", f"sha256sum < {RELEASE}/.lock").startswith(digest)
+    served = pypimirror.LOG.read_text()[len(log):]
+    assert re.search(r"^10\.77\.6\.2 .*GET /index/torch/torch-2\.14\.0-cp313-cp313-manylinux_2_28_x86_64"
+                     r"\.whl HTTP/1\.1\" 200", served, re.M), served[-2000:]
+    check = _host_check("lab6")
+    assert check.startswith("cuda 13.0 vllm 0.33.0 quant Fp8Config AutoAWQConfig"), check
+    assert "accepted (parser; no GPU is visible on this host" in out
+
+
+def test_a_deploy_after_stage_switches_and_restarts_without_building_or_validating_again(deployed):
+    """On a serving CPU host: stage a changed flag (the old process keeps serving), then deploy it."""
+    before = unit_props("lab1")["MainPID"]
+    change = {"lab1": {"flags": {"max_num_seqs": 6}}}
+    staged = deploy("deploys/stage.py", overrides=change, limit="lab1")
+    assert staged.rc == 0, staged.output[-3000:]
+    assert "vLLM 0.32.0 validates default's config" in staged.changed_ops()[-1]
+    assert unit_props("lab1")["MainPID"] == before
+    assert "max-num-seqs: 8" in on("lab1", "cat /etc/vllm/default.yaml")
+    run = deploy(overrides=change, limit="lab1")
+    assert run.rc == 0, run.output[-3000:]
+    changed = run.changed_ops()
+    assert any(n.startswith("restart vllm-default.service") for n in changed), changed
+    assert not any("validates" in n or n.startswith("build release") for n in changed), changed
+    assert run.smoke and all(r["ok"] for r in run.smoke)
+    assert "max-num-seqs: 6" in on("lab1", "cat /etc/vllm/default.yaml")
+    back = deploy(limit="lab1")  # as the other modules expect lab1
+    assert back.rc == 0, back.output[-3000:]
