@@ -85,9 +85,12 @@ def test_plan_and_dry_run_show_the_cuda_13_build_for_a_simulated_h100(simulated_
     assert "cuda" in row and "1x NVIDIA H100 80GB HBM3 (9.0, 80 GiB)" in row and "590.48.01" in row
     assert "cu130" in row and "0.32.0-cu130" in row
     assert "default: tiny-llama (TP 1, bfloat16)" in row  # compute capability 9.0 -> bf16
+    # registry mode: the host installs the lock resolved for its Python from the index, nothing else
+    lock = next(line for line in out.splitlines() if line.startswith("lab2: lock: "))
+    assert re.fullmatch(r"lab2: lock: [0-9a-f]{16} for cp311-x86_64-manylinux_2_36-cu130", lock), lock
     install = next(line for line in out.splitlines() if line.startswith("lab2: install: "))
-    assert install.endswith("--extra-index-url https://download.pytorch.org/whl/cu130 "
-                            "--index-strategy unsafe-best-match vllm==0.32.0")
+    assert install.endswith("--no-deps --require-hashes -r /opt/vllm/releases/0.32.0-cu130/.lock"), install
+    assert "--find-links" not in install
     assert next(line for line in out.splitlines() if line.startswith("lab1 ")).split()[1] == "cpu"
 
     before = host_files_digest("lab2")
@@ -96,9 +99,10 @@ def test_plan_and_dry_run_show_the_cuda_13_build_for_a_simulated_h100(simulated_
                          env=env, text=True, capture_output=True, timeout=300)
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
     text = dry.stdout + dry.stderr
-    assert ("build release 0.32.0-cu130: uv pip install --python "
-            "/opt/vllm/releases/.tmp-0.32.0-cu130/bin/python") in text
-    assert "whl/cu130 --index-strategy unsafe-best-match vllm==0.32.0" in text
+    digest = lock.split()[2]
+    assert (f"build release 0.32.0-cu130 from lock {digest} (cp311-x86_64-manylinux_2_36-cu130): uv pip "
+            "install --quiet --python /opt/vllm/releases/.tmp-0.32.0-cu130/bin/python --no-deps "
+            "--require-hashes -r /opt/vllm/releases/.tmp-0.32.0-cu130/.lock") in text
     assert host_files_digest("lab2") == before  # a dry run changes nothing
 
 

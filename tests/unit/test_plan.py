@@ -19,6 +19,7 @@ from vllm_fleet.core.plan import (
     plan_host,
 )
 from vllm_fleet.core.spec import SpecError, parse_host
+from vllm_fleet.core.variants import choose_variant as real_choose_variant
 
 HOST = "gpu-07"
 KEY = "sk-fleet-test-7c1e0f9a"
@@ -526,3 +527,22 @@ def test_a_token_sent_over_plain_http_is_warned_about_unless_to_loopback() -> No
     assert warned == ("gpu-07: vllm.instances[default].hf_token_env: the token goes to http://10.0.0.5:8080 "
                       "over plain http, readable on the network; use https",)
     assert plan(data, environ=env, hub={"default": snapshot(endpoint="http://127.0.0.1:8080")}).warnings == ()
+
+
+def test_a_registry_host_is_refused_a_lock_resolved_from_the_controllers_own_folders():
+    """VLLM_FLEET_FIND_LINKS feeds CPU builds' locks (torch's CPU build is on no PyPI): a registry host
+    could not fetch those files, so the plan refuses before the build would fail on the host."""
+    env = {**ENV, "VLLM_FLEET_FIND_LINKS": "/opt/wheels"}
+    cpu = {"model": M, "accelerator": "cpu", "install_source": "registry"}
+    with pytest.raises(SpecError, match="registry host installs from the index.*/opt/wheels"):
+        plan(cpu, HostFacts(), environ=env, choose_variant=real_choose_variant)
+    assert plan({**cpu, "install_source": "cache"}, HostFacts(), environ=env,
+                choose_variant=real_choose_variant).index.find_links == ("/opt/wheels",)
+    # a CUDA build never takes them (a find-links torch+cpu satisfies torch==X)
+    assert plan({"model": M, "install_source": "registry"}, environ=env).index.find_links == ()
+
+
+@pytest.mark.parametrize("url", ["https://user:token@pypi.internal/simple", "https://pypi.internal/s@x"])
+def test_an_index_url_with_credentials_is_refused(url):
+    with pytest.raises(SpecError, match="package_index.index_url"):
+        parse_host(HOST, {"model": M, "package_index": {"index_url": url}})

@@ -34,6 +34,7 @@ from vllm_fleet.core.lock import (
     Target,
     best_file,
     broken_pairs,
+    digest,
     normalize,
 )
 
@@ -47,9 +48,12 @@ def _guard(key: str) -> threading.Lock:
     return _GUARDS.setdefault(key, threading.Lock())
 
 
-def lock_path(requirement: str, target: Target, settings: IndexSettings) -> Path:
+def lock_path(requirement: str, target: Target, settings: IndexSettings,
+              constraints: Sequence[str] = ()) -> Path:
+    """Named by everything the resolution depends on: a changed constraint or index is a new lock."""
     safe = re.sub(r"[^A-Za-z0-9.=+-]", "_", requirement)
-    return LOCKS_DIR / f"{safe}-{target.key}-{settings.key}.txt"
+    cons = digest("\n".join(sorted(constraints)))[:8]
+    return LOCKS_DIR / f"{safe}-{target.key}-{settings.key}-{cons}.txt"
 
 
 def resolve(requirement: str, target: Target, settings: IndexSettings, constraints: Sequence[str] = (),
@@ -57,7 +61,7 @@ def resolve(requirement: str, target: Target, settings: IndexSettings, constrain
             log: Callable[[str], None] = print) -> Lock:
     """The lock for `requirement` on `target`: resolved once (uv pip compile for the target's Python
     and platform, every file's hash), checked for known broken pairs, then read from the cache."""
-    path = lock_path(requirement, target, settings)
+    path = lock_path(requirement, target, settings, constraints)
     with _guard(str(path)):
         if path.exists():
             return _checked(Lock.parse(path.read_text()), path, accelerator).without(excludes)
@@ -148,7 +152,8 @@ def _local_files(find_links: Sequence[str]) -> dict[str, Path]:
     """Wheels in the controller's find-links folders (a site's own builds, torch's CPU build)."""
     found: dict[str, Path] = {}
     for d in find_links:
-        for p in sorted(Path(d).glob("*.whl")) if Path(d).is_dir() else []:
+        folder = Path(d).expanduser().resolve()
+        for p in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
             found.setdefault(p.name, p)
     return found
 
@@ -224,6 +229,15 @@ def _download(todo: list[tuple[Pin, str, str]], log: Callable[[str], None]) -> N
     last = [t0]
     total_files = len(todo)
 
+    def progress(n: int) -> None:
+        with lock:
+            done[0] += n
+            now = time.monotonic()
+            if now - last[0] >= 5:
+                last[0] = now
+                log(f"store: {done[0] / 2**30:.2f} GiB, {done[1]} of {total_files} files, "
+                    f"{done[0] / 2**20 / (now - t0):.0f} MiB/s, {now - t0:.0f} s")
+
     def one(item: tuple[Pin, str, str]) -> None:
         pin, name, url = item
         dest = STORE / name
@@ -233,18 +247,11 @@ def _download(todo: list[tuple[Pin, str, str]], log: Callable[[str], None]) -> N
             shutil.copyfile(url, partial)
             h.update(partial.read_bytes())
         else:
-            with httpx.stream("GET", url, timeout=120, follow_redirects=True) as r, open(partial, "wb") as f:
-                r.raise_for_status()
-                for chunk in r.iter_bytes(1 << 20):
-                    f.write(chunk)
-                    h.update(chunk)
-                    with lock:
-                        done[0] += len(chunk)
-                        now = time.monotonic()
-                        if now - last[0] >= 5:
-                            last[0] = now
-                            log(f"store: {done[0] / 2**30:.2f} GiB, {done[1]} of {total_files} files, "
-                                f"{done[0] / 2**20 / (now - t0):.0f} MiB/s, {now - t0:.0f} s")
+            try:
+                _fetch_to(url, partial, h, progress)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
         if h.hexdigest() not in pin.hashes:
             partial.unlink(missing_ok=True)
             raise LockError(f"{name}: sha256 {h.hexdigest()[:16]} is not the lock's for "
@@ -259,6 +266,15 @@ def _download(todo: list[tuple[Pin, str, str]], log: Callable[[str], None]) -> N
         list(pool.map(one, todo))
     size = sum((STORE / n).stat().st_size for _, n, _ in todo)
     log(f"store: {total_files} wheels, {size / 2**30:.2f} GiB in {time.monotonic() - t0:.0f} s")
+
+
+def _fetch_to(url: str, partial: Path, h, progress: Callable[[int], None]) -> None:
+    with httpx.stream("GET", url, timeout=120, follow_redirects=True) as r, open(partial, "wb") as f:
+        r.raise_for_status()
+        for chunk in r.iter_bytes(1 << 20):
+            f.write(chunk)
+            h.update(chunk)
+            progress(len(chunk))
 
 
 def unpacked_size(wheels: Sequence[Path]) -> int:

@@ -409,12 +409,18 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
             except ValueError as e:
                 raise SpecError([f"{host}: vllm.variant: {e}"]) from None
     assert choice is not None
+    index = index_settings(choice.build, spec, environ)
+    if spec.install_source == "registry" and index.find_links:
+        raise SpecError([f"{host}: vllm.install_source: a registry host installs from the index, but this "
+                         f"{choice.variant} build's lock is resolved with the controller's folders "
+                         f"{', '.join(index.find_links)} (VLLM_FLEET_FIND_LINKS), which the host cannot "
+                         "read: use install_source: cache, or a package_index that holds those wheels"])
     return HostPlan(
         host=host, vllm_version=spec.version, variant=choice.variant, variant_reason=choice.reason,
         release=choice.release_dir, release_dir=f"{RELEASES_DIR}/{choice.release_dir}",
         install_source=spec.install_source, install_spec=choice, keep_releases=spec.keep_releases,
         ready_timeout_s=spec.ready_timeout_s, instances=tuple(instances), warnings=tuple(warnings),
-        index=index_settings(choice.build, spec, environ),
+        index=index,
     )
 
 

@@ -307,7 +307,9 @@ class ClusterSpec(BaseModel):
         return v
 
 
-_INDEX_URL = r"^https?://[A-Za-z0-9.:\[\]@-]+(/[^\s]*)?$"
+# no user:password@: the URL is printed in plans and logs and is in the host's uv command line; an index
+# that needs credentials gets them from netrc on the controller and the hosts (uv and pip read it)
+_INDEX_URL = r"^https?://[A-Za-z0-9.:\[\]-]+(/[^\s@]*)?$"
 
 
 class PackageIndexSpec(BaseModel):
@@ -328,7 +330,7 @@ class PackageIndexSpec(BaseModel):
     def _urls(cls, v: Sequence[str]) -> Sequence[str]:
         for url in v:
             if not re.match(_INDEX_URL, url):
-                raise ValueError(f"{url!r} is not an http(s) index URL")
+                raise ValueError(f"{url!r} is not an http(s) index URL without credentials (use netrc)")
         return v
 
 

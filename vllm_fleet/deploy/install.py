@@ -45,13 +45,15 @@ HOST_SRC = Path(vllm_fleet.host.__file__).resolve().parent  # the host-side scri
 # the watchdog metrics.py)
 HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py",
                 "hubfetch.py", "asuser.py")
+LIVE_SCRIPTS = ("watchdog.py", "metrics.py")  # run by the watchdog timer of a serving instance
 # the key guard vLLM imports (--middleware): alone in its own directory, under its module's name
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
 
-def base(base_ok: bool, uv_version: str | None) -> None:
+def base(base_ok: bool, uv_version: str | None, live: bool = True) -> None:
     """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
-    VllmHost fact or the manifest says something is missing (no operation on a converged host)."""
+    VllmHost fact or the manifest says something is missing (no operation on a converged host); a
+    stage (`live` False) leaves the tools that what serves runs."""
     if not base_ok:
         dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
                            for path, own in BASE_DIRS.items())
@@ -64,15 +66,19 @@ def base(base_ok: bool, uv_version: str | None) -> None:
     if uv_version != wheels.UV_VERSION:
         # at execution time: collection (and so --dry) never downloads uv on the controller
         python.call(name=f"uv {wheels.UV_VERSION} ({uv_version or 'absent'} on the host)", function=send_uv)
-    tools = tool_files()
+    tools = tool_files(live)
     # decided here, not inside the operation: pyinfra pays ~40 ms per operation call (it reads the call
     # stack to order operations), so a converged host should call none it does not need
     if stale(tools, "root", "root", "755"):
         synced_files(name="host tools", mode="755", files=tools)
 
 
-def tool_files() -> list[tuple[str, str]]:
-    """The host-side scripts every host gets besides the release (uv: send_uv)."""
+def tool_files(live: bool = True) -> list[tuple[str, str]]:
+    """The host-side scripts every host gets besides the release (uv: send_uv). Without `live`, only
+    those a stage runs: the watchdog (run by the live timer) and the key guard (imported by the live
+    unit when it restarts) change with the deploy, not before its window."""
+    if not live:
+        return [(str(HOST_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS if t not in LIVE_SCRIPTS]
     return [*[(str(HOST_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
 
 
@@ -219,14 +225,17 @@ def send_wheels(plan: HostPlan, lock: Lock, tgt: Target) -> None:
 
 def send_lock(plan: HostPlan, lock: Lock) -> None:
     """Registry mode: only the lock goes over SSH; the host fetches its files from the index."""
+    ok, out = remote.run(f"mkdir -p {HOST_WHEELS}/.releases")  # a root login uploads straight into it
+    if not ok:
+        raise wheels.WheelCacheError(f"cannot make {HOST_WHEELS}/.releases: {out.stderr}")
     with tempfile.NamedTemporaryFile("w", suffix=".lock", delete=False) as f:
         f.write(lock.text)
     try:
         sent = _upload(Path(f.name), f".incoming-{plan.release}.lock", f"{HOST_WHEELS}/.releases")
     finally:
         os.unlink(f.name)
-    ok, out = remote.run(f"mkdir -p {HOST_WHEELS}/.releases && install -m 644 {shlex.quote(sent)} "
-                         f"{lock_file(plan.release)} && rm -f {shlex.quote(sent)}")
+    ok, out = remote.run(f"install -m 644 {shlex.quote(sent)} {lock_file(plan.release)} && "
+                         f"rm -f {shlex.quote(sent)}")
     if not ok:
         raise wheels.WheelCacheError(f"placing the lock for {plan.release} failed: {out.stderr}")
 

@@ -41,18 +41,30 @@ def validated_path(inst: InstancePlan) -> str:
     return f"{STAGED}/{inst.name}.validated"
 
 
-def validation_marker(plan: HostPlan, inst: InstancePlan) -> bytes:
-    """What a passed validation leaves beside the staged config: the release and the digests of what
-    the validator read. A later run whose staged config, environment and release are the same (a
-    deploy after `vllm-fleet stage`) does not validate again."""
+def validation_marker(plan: HostPlan, inst: InstancePlan, lock: str) -> bytes:
+    """What a passed validation leaves beside the staged config: the release and its lock, the
+    validator's own code, and the digests of what it read. A later run where all are the same (a deploy
+    after `vllm-fleet stage`) does not validate again; a release rebuilt from another lock, or a
+    vllm-fleet whose validator changed, does."""
     config = hashlib.sha256(render.serve_config(plan, inst).encode()).hexdigest()
     environment = hashlib.sha256(json.dumps(validator_environment(inst), sort_keys=True).encode()).hexdigest()
-    return f"{plan.release} {config} {environment}\n".encode()
+    return f"{plan.release} lock {lock} validator {_VALIDATOR} {config} {environment}\n".encode()
 
 
-def validated(plan: HostPlan, inst: InstancePlan) -> bool:
-    return not stale([(validation_marker(plan, inst), validated_path(inst))], "root", "root", "600",
-                     instance_paths(inst))
+def _validator_digest() -> str:
+    from vllm_fleet.deploy.install import HOST_SRC
+
+    h = hashlib.sha256()
+    for name in ("validate_serve.py", "effective.py", "asuser.py"):
+        h.update((HOST_SRC / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+_VALIDATOR = _validator_digest()
+
+
+def validated(inst: InstancePlan, marker: bytes) -> bool:
+    return not stale([(marker, validated_path(inst))], "root", "root", "600", instance_paths(inst))
 
 
 def restart_command(unit: str) -> str:
@@ -99,7 +111,8 @@ def remove(unit: str, watchdogs: Mapping[str, Mapping[str, str]]) -> list:
                  f"/etc/vllm/{name}{TOKEN_SUFFIX}", marker_path(f"/etc/vllm/{name}{TOKEN_SUFFIX}"),
                  f"/etc/vllm/{name}.environment", marker_path(f"/etc/vllm/{name}.env"),
                  f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.environment.json",
-                 f"{STAGED}/{name}.yaml.at-default"):
+                 f"{STAGED}/{name}.yaml.at-default", f"{STAGED}/{name}.yaml.routes.json",
+                 f"{STAGED}/{name}.validated"):
         ops.append(files.file(name=f"remove {path}", path=path, present=False))
     systemd.daemon_reload(name="systemd daemon-reload (instance removed)", _if=ops[first].did_change)
     return ops

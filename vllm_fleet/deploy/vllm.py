@@ -186,13 +186,15 @@ def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
 
 
-def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> bool:
+def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, lock: str) -> bool:
     """Stage the config when something live would change, and validate it with the release unless
-    that exact config and release passed already (`vllm-fleet stage` before a maintenance window)."""
+    that exact config, release (and its lock) and validator passed already (`vllm-fleet stage` before
+    a maintenance window)."""
     staged = service.stage_config(plan, inst, release_changing)
-    if staged and not service.validated(plan, inst):
+    marker = service.validation_marker(plan, inst, lock)
+    if staged and not service.validated(inst, marker):
         install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json",
-                         service.validation_marker(plan, inst), service.validated_path(inst))
+                         marker, service.validated_path(inst))
     return staged
 
 
@@ -214,7 +216,7 @@ def lock_digest(plan: HostPlan, vh: dict[str, Any]) -> tuple[str, str]:
         return "-", f"({e})"
     if plan.release in vh["releases"]:
         return vh.get("locks", {}).get(plan.release, "-"), tgt.key
-    return install.lock_of(plan, vh).digest, tgt.key
+    return install.lock_of(plan, vh).digest, tgt.key  # resolved once: a deploy's build resolved it
 
 
 @deploy("vLLM")
@@ -242,6 +244,7 @@ def _deploy_vllm() -> None:
     install.base(vh["base_ok"], vh["uv"])
     built = release_op(plan, vh)
     release_changing = vh["current"] != plan.release
+    lock = lock_digest(plan, vh)[0]
     model_changed, pending = {}, []
     for inst in plan.instances:
         model_changed[inst.name] = model.stage(inst)
@@ -249,7 +252,7 @@ def _deploy_vllm() -> None:
         # commit is a new snapshot directory, so the config changes and restarts; a fetch that only
         # repairs the serving snapshot's files restarts nothing
         hub.fetch(plan, inst, service.instance_paths(inst))
-        staged = validate_staged(plan, inst, release_changing)
+        staged = validate_staged(plan, inst, release_changing, lock)
         pending.append(staged or model_changed[inst.name])
     node = current().nodes.get(host.name)
     if node is not None:
@@ -323,15 +326,16 @@ def _stage_vllm() -> None:
     if spec is None:
         return
     plan, vh = plan_this_host(spec)
-    prefetch([tuple(d for _, d in install.tool_files()),
+    prefetch([tuple(d for _, d in install.tool_files(live=False)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"], vh["uv"])
+    install.base(vh["base_ok"], vh["uv"], live=False)
     release_op(plan, vh)
+    lock = lock_digest(plan, vh)[0]
     for inst in plan.instances:
         model.stage(inst)
         hub.fetch(plan, inst, service.instance_paths(inst))
-        validate_staged(plan, inst, vh["current"] != plan.release)
+        validate_staged(plan, inst, vh["current"] != plan.release, lock)
 
 
 @deploy("vLLM plan")
@@ -361,7 +365,7 @@ def plan_report() -> None:
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
     try:
         row.lock, row.target = lock_digest(plan, vh)
-    except LockError as e:
+    except (LockError, WheelCacheError) as e:
         row.refused = f"{host.name}: {plan.release}: {e}"
         python.call(name="plan refused", function=_refused, reason=row.refused)
         return

@@ -369,7 +369,8 @@ def commit(release: str) -> dict:
         record = _record(release, live)
         cur = state.get("current")
         snaps = _active_dir()
-        if cur and cur.get("release") == release and cur.get("files") == record["files"]:
+        if cur and cur.get("release") == release and cur.get("files") == record["files"] \
+                and cur.get("lock") == record["lock"]:
             if cur.get("created") != record["created"]:  # committed before units were recorded
                 cur = {**cur, "created": record["created"]}
                 _publish({**state, "current": cur}, _snapshot(f"{snaps}/current"),

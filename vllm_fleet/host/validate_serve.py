@@ -76,9 +76,9 @@ def ticking(label: str, every: float = 3.0):
 
     done, t0 = threading.Event(), time.monotonic()
 
-    def tick() -> None:
+    def tick() -> None:  # os.write, not print: a fork meanwhile (asuser.run_as) inherits no held lock
         while not done.wait(every):
-            print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
+            os.write(1, f"{label}: {time.monotonic() - t0:.0f} s\n".encode())
 
     thread = threading.Thread(target=tick, daemon=True)
     thread.start()
