@@ -203,3 +203,23 @@ def test_a_lock_is_resolved_once_and_a_broken_resolution_is_never_kept(tmp_path,
     assert (bad_dir / "calls").read_text().count("x") == 2  # not cached: asked again
     assert not any("cp311" in p.name for p in (tmp_path / "locks").iterdir())
     assert os.listdir(tmp_path / "locks") == [locks.lock_path("vllm==0.33.0", target, IndexSettings()).name]
+
+
+def test_a_lock_folder_in_the_operators_repository_is_where_locks_are_kept(tmp_path, monkeypatch):
+    import importlib
+
+    monkeypatch.setenv("VLLM_FLEET_LOCKS", str(tmp_path / "repo-locks"))
+    try:
+        assert importlib.reload(locks).LOCKS_DIR == tmp_path / "repo-locks"
+    finally:
+        monkeypatch.delenv("VLLM_FLEET_LOCKS")
+        importlib.reload(locks)
+    assert locks.LOCKS_DIR.name == "locks" and locks.LOCKS_DIR != tmp_path / "repo-locks"
+
+
+def test_a_changed_constraint_is_another_lock():
+    target, index = Target.of_host("3.13", "x86_64", "2.41", "cu130"), IndexSettings()
+    assert locks.lock_path("vllm==0.33.0", target, index, ["cuda-python>=13"]) != \
+        locks.lock_path("vllm==0.33.0", target, index, [])
+    assert locks.lock_path("vllm==0.33.0", target, index, ["a", "b"]) == \
+        locks.lock_path("vllm==0.33.0", target, index, ["b", "a"])

@@ -38,7 +38,9 @@ from vllm_fleet.core.lock import (
     normalize,
 )
 
-LOCKS_DIR = CACHE_DIR / "locks"
+# VLLM_FLEET_LOCKS: a folder in the operator's repository, so that every controller (a laptop, CI)
+# installs the locks the repository holds, reviewed and versioned like the inventory
+LOCKS_DIR = Path(os.environ.get("VLLM_FLEET_LOCKS") or CACHE_DIR / "locks")
 STORE = CACHE_DIR / "wheels" / "files"
 _GUARDS: dict[str, threading.Lock] = {}
 _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import platform
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def _norm(name: str) -> str:
 _LOCKS: dict[str, threading.Lock] = {}
 
 
-def fetch(name: str, requirements: Sequence[str], log=print) -> Path:
+def fetch(name: str, requirements: Sequence[str], platform_tag: str | None = None, log=print) -> Path:
     """pip download a controller tool's wheel (uv for the hosts) once, whatever the host count.
 
     The lock matters under pyinfra, which runs every host's operation at once in gevent greenlets
@@ -57,7 +58,8 @@ def fetch(name: str, requirements: Sequence[str], log=print) -> Path:
         dest.mkdir(parents=True, exist_ok=True)
         log(f"wheel cache: downloading {' '.join(requirements)} into {dest}")
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest),
-               "--only-binary=:all:", "--retries", "1", "--timeout", "20", *requirements]
+               "--only-binary=:all:", "--retries", "1", "--timeout", "20",
+               *(["--platform", platform_tag] if platform_tag else []), *requirements]
         proc = subprocess.run(cmd, text=True, capture_output=True)
         if proc.returncode != 0:
             raise WheelCacheError("pip download failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
@@ -153,18 +155,23 @@ def _write_tar(out: Path, wheels: Sequence[Path], extra: dict[str, str]) -> None
     partial.rename(out)
 
 
-def uv_binary(log=print) -> Path:
-    """uv for the hosts, taken from its PyPI wheel so hosts need no route to fetch it."""
-    out = CACHE_DIR / "uv" / UV_VERSION / "uv"
+def uv_binary(machine: str | None = None, log=print) -> Path:
+    """uv for a host of `machine` (the controller's own by default), taken from its PyPI wheel so hosts
+    need no route to fetch it."""
+    machine = machine or platform.machine()
+    out = CACHE_DIR / "uv" / UV_VERSION / machine / "uv"
     if out.exists():
         return out
-    src = CACHE_DIR / "wheels" / "tools"
-    wheels = list(src.glob(f"uv-{UV_VERSION}-*manylinux*x86_64*.whl"))
-    if not wheels:
-        fetch("tools", [f"uv=={UV_VERSION}"], log=log)
-        wheels = list(src.glob(f"uv-{UV_VERSION}-*manylinux*x86_64*.whl"))
+    name = f"tools-{machine}"
+    pattern = f"uv-{UV_VERSION}-*manylinux*{machine}*.whl"
+    found = list(wheel_dir(name).glob(pattern))
+    if not found:
+        fetch(name, [f"uv=={UV_VERSION}"], platform_tag=f"manylinux2014_{machine}", log=log)
+        found = list(wheel_dir(name).glob(pattern))
+    if not found:
+        raise WheelCacheError(f"no uv {UV_VERSION} wheel for {machine} on PyPI")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheels[0]) as z:
+    with zipfile.ZipFile(found[0]) as z:
         member = next(n for n in z.namelist() if n.endswith("/scripts/uv"))
         with z.open(member) as f, open(out.with_suffix(".partial"), "wb") as g:
             shutil.copyfileobj(f, g)

@@ -50,7 +50,7 @@ LIVE_SCRIPTS = ("watchdog.py", "metrics.py")  # run by the watchdog timer of a s
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
 
-def base(base_ok: bool, uv_version: str | None, live: bool = True) -> None:
+def base(base_ok: bool, uv_version: str | None, machine: str | None, live: bool = True) -> None:
     """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
     VllmHost fact or the manifest says something is missing (no operation on a converged host); a
     stage (`live` False) leaves the tools that what serves runs."""
@@ -65,7 +65,8 @@ def base(base_ok: bool, uv_version: str | None, live: bool = True) -> None:
         ])
     if uv_version != wheels.UV_VERSION:
         # at execution time: collection (and so --dry) never downloads uv on the controller
-        python.call(name=f"uv {wheels.UV_VERSION} ({uv_version or 'absent'} on the host)", function=send_uv)
+        python.call(name=f"uv {wheels.UV_VERSION} ({uv_version or 'absent'} on the host)", function=send_uv,
+                    machine=machine or "x86_64")
     tools = tool_files(live)
     # decided here, not inside the operation: pyinfra pays ~40 ms per operation call (it reads the call
     # stack to order operations), so a converged host should call none it does not need
@@ -96,10 +97,10 @@ def _upload(local: Path, name: str, root_dir: str, label: str | None = None) -> 
     return dest
 
 
-def send_uv() -> None:
+def send_uv(machine: str) -> None:
     """uv from the controller's copy of its PyPI wheel (hosts need no route to fetch it), put in place by
     one rename; the VllmHost fact reads its version, so a converged host runs none of this."""
-    sent = _upload(wheels.uv_binary(log=logger.info), ".uv.incoming", UV_PATH.rsplit("/", 1)[0])
+    sent = _upload(wheels.uv_binary(machine, log=logger.info), ".uv.incoming", UV_PATH.rsplit("/", 1)[0])
     ok, out = remote.run(f"install -o root -g root -m 755 {sent} {UV_PATH}.new && rm -f {sent} && "
                          f"mv -f {UV_PATH}.new {UV_PATH}")
     if not ok:

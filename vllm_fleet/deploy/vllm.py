@@ -198,6 +198,12 @@ def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, 
     return staged
 
 
+def machine_of(vh: dict[str, Any]) -> str | None:
+    """The host's machine as its python3 reports it (uv is sent for it)."""
+    py = vh.get("python") or []
+    return py[1] if len(py) > 1 else None
+
+
 def release_op(plan: HostPlan, vh: dict[str, Any]):
     """The release's build from its lock, or None when the host has it; a lock that cannot be resolved
     or must not be installed is a refusal before this host is touched."""
@@ -241,7 +247,7 @@ def _deploy_vllm() -> None:
     prefetch([tuple(d for _, d in install.tool_files()),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"], vh["uv"])
+    install.base(vh["base_ok"], vh["uv"], machine_of(vh))
     built = release_op(plan, vh)
     release_changing = vh["current"] != plan.release
     lock = lock_digest(plan, vh)[0]
@@ -329,7 +335,7 @@ def _stage_vllm() -> None:
     prefetch([tuple(d for _, d in install.tool_files(live=False)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"], vh["uv"], live=False)
+    install.base(vh["base_ok"], vh["uv"], machine_of(vh), live=False)
     release_op(plan, vh)
     lock = lock_digest(plan, vh)[0]
     for inst in plan.instances:
