@@ -210,11 +210,11 @@ def test_a_lock_folder_in_the_operators_repository_is_where_locks_are_kept(tmp_p
 
     monkeypatch.setenv("VLLM_FLEET_LOCKS", str(tmp_path / "repo-locks"))
     try:
-        assert importlib.reload(locks).LOCKS_DIR == tmp_path / "repo-locks"
+        assert tmp_path / "repo-locks" == importlib.reload(locks).LOCKS_DIR
     finally:
         monkeypatch.delenv("VLLM_FLEET_LOCKS")
         importlib.reload(locks)
-    assert locks.LOCKS_DIR.name == "locks" and locks.LOCKS_DIR != tmp_path / "repo-locks"
+    assert locks.LOCKS_DIR.name == "locks" and tmp_path / "repo-locks" != locks.LOCKS_DIR
 
 
 def test_a_changed_constraint_is_another_lock():
