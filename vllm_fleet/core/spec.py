@@ -320,7 +320,7 @@ class PackageIndexSpec(BaseModel):
     model_config = STRICT
 
     index_url: str = Field(pattern=_INDEX_URL)
-    extra_index_urls: Seq[str] = ()
+    extra_index_urls: Seq[str] = Field(default_factory=list)
     index_strategy: Literal["first-index", "unsafe-first-match", "unsafe-best-match"] | None = None
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))

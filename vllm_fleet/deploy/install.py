@@ -53,7 +53,7 @@ KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODUL
 def base(base_ok: bool, uv_version: str | None, machine: str | None, live: bool = True) -> None:
     """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
     VllmHost fact or the manifest says something is missing (no operation on a converged host); a
-    stage (`live` False) leaves the tools that what serves runs."""
+    stage (`live` False) leaves the watchdog's scripts to the deploy."""
     if not base_ok:
         dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
                            for path, own in BASE_DIRS.items())
@@ -76,11 +76,10 @@ def base(base_ok: bool, uv_version: str | None, machine: str | None, live: bool 
 
 def tool_files(live: bool = True) -> list[tuple[str, str]]:
     """The host-side scripts every host gets besides the release (uv: send_uv). Without `live`, only
-    those a stage runs: the watchdog (run by the live timer) and the key guard (imported by the live
-    unit when it restarts) change with the deploy, not before its window."""
-    if not live:
-        return [(str(HOST_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS if t not in LIVE_SCRIPTS]
-    return [*[(str(HOST_SRC / t), f"{HOST_TOOLS}/{t}") for t in HOST_SCRIPTS], KEYGUARD_FILE]
+    those a stage runs: the watchdog's scripts (run by a serving instance's timer) change with the
+    deploy, not before its window. The key guard is among a stage's: the validator lists its routes."""
+    scripts = [t for t in HOST_SCRIPTS if live or t not in LIVE_SCRIPTS]
+    return [*[(str(HOST_SRC / t), f"{HOST_TOOLS}/{t}") for t in scripts], KEYGUARD_FILE]
 
 
 def _upload(local: Path, name: str, root_dir: str, label: str | None = None) -> str:
