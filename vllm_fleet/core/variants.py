@@ -1,8 +1,8 @@
-"""Which build of vLLM a host gets (cu130, cu129, cpu, ...) and the exact command that installs it.
+"""Which build of vLLM a host gets (cu130, cu129, cpu, ...), and the indexes and constraints its lock
+is resolved with (vllm_fleet/core/lock.py).
 
 Pure: the only I/O is reading the packaged table ``vllm_fleet/data/variants.toml``, which says per vLLM
-release
-which builds exist, the driver each needs and the GPUs each was compiled for.
+release which builds exist, the driver each needs and the GPUs each was compiled for.
 
 Why choose explicitly: uv's ``--torch-backend=auto`` picks torch's index from the driver, but not vLLM's
 own wheel variant, so a host with a 550 driver would get PyPI's CUDA 13 vLLM beside a CUDA 12 torch. The
@@ -335,34 +335,3 @@ def choose_variant(
         f"no CUDA build of vLLM {vllm_version} fits: {'; '.join(skipped)}"
         + (f": install NVIDIA driver {advice}" if advice else "")
     )
-
-
-# --- the install command --------------------------------------------------------------------------------
-def install_command(choice: VariantChoice, python: str, target: str, find_links: str | None) -> list[str]:
-    """The ``uv pip install`` argv that puts ``choice`` into the release being built at ``target``.
-
-    ``python`` is that release's own interpreter (its venv's ``bin/python``), passed as ``--python``; it
-    must lie inside ``target``, so that a slip in the caller cannot install vLLM into the system Python.
-    No ``--prefix``: scripts would then point at the build directory and break once it is renamed.
-
-    Registry mode (``find_links`` None): the table's indexes, plus ``--index-strategy`` so torch may come
-    from the PyTorch index although PyPI has a torch of the same version. ``--torch-backend`` is never
-    used: it would pick torch's index from the driver, not the variant chosen here. Wheel-cache mode
-    (``find_links`` a directory): ``--no-index --find-links DIR``, nothing from the network, the same
-    exact spec, so the cache must hold that variant's wheels (vLLM, torch and their dependencies).
-    """
-    if not python.startswith(target.rstrip("/") + "/"):
-        raise ValueError(f"python {python} is not inside the release {target}: refusing to install elsewhere")
-    build = choice.build
-    argv = ["uv", "pip", "install", "--python", python]
-    if find_links is not None:
-        argv += ["--no-index", "--find-links", find_links]
-    else:
-        if build.index_url:
-            argv += ["--index-url", build.index_url]
-        for url in build.extra_index_urls:
-            argv += ["--extra-index-url", url]
-        if build.index_strategy:
-            argv += ["--index-strategy", build.index_strategy]
-    argv.append(choice.install_spec)
-    return argv

@@ -12,7 +12,7 @@ import os
 import shlex
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.operations import python, server
 
 from vllm_fleet.controller import hub as hub_api
@@ -105,13 +105,6 @@ def fetch_command(plan: HostPlan, inst: InstancePlan) -> str:
 
 
 def _fetch(state: Any, host: Any, command: str, label: str) -> bool:
-    """Progress lines appear as they come (print_output); a failure fails the host, old service
-    serving, with hubfetch's reason."""
-    ok, out = host.run_shell_command(command, print_output=True, **remote.connector_arguments(host))
-    if not ok:
-        reason = " ".join(out.stderr_lines[-3:]) or "no reason given"
-        host.log_styled(f"fetch of {label} failed, nothing restarted: {reason}", fg="red",
-                        log_func=logger.error)
-        current().failures.setdefault(host.name, f"{host.name}: fetch of {label} failed: {reason}")
-        return False
-    return True
+    """Progress lines appear as they come; a failure fails the host, old service serving, with
+    hubfetch's reason."""
+    return remote.run_live(host, command, f"fetch of {label}", "nothing restarted", tail=3)

@@ -36,7 +36,6 @@ from vllm_fleet.core.plan import (
 )
 from vllm_fleet.deploy import remote
 from vllm_fleet.deploy.ops import stale, synced_files
-from vllm_fleet.deploy.run import current
 
 # uv's cache beside the releases: same file system, so uv hardlinks instead of copying
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
@@ -273,19 +272,10 @@ def _unpacked_total(plan: HostPlan, lock: Lock, tgt: Target) -> int:
 
 
 def _build(state: Any, host: Any, plan: HostPlan, lock: Lock, tgt: Target) -> bool:
-    """The build with its progress lines shown as they come (its script made here, at execution, when
-    the store holds the wheels whose size the progress counts towards); a failure fails the host with
-    uv's last words, nothing live touched."""
+    """The build with its progress lines, its script made here, at execution, when the store holds the
+    wheels whose size the progress counts towards."""
     script, _ = build_script(plan, lock, _unpacked_total(plan, lock, tgt))
-    label = plan.release
-    ok, out = host.run_shell_command(script, print_output=True, **remote.connector_arguments(host))
-    if not ok:
-        reason = " ".join(out.stderr_lines[-4:]) or "no reason given"
-        host.log_styled(f"build of release {label} failed, nothing switched: {reason}", fg="red",
-                        log_func=logger.error)
-        current().failures.setdefault(host.name, f"{host.name}: build of release {label} failed: {reason}")
-        return False
-    return True
+    return remote.run_live(host, script, f"build of release {plan.release}", "nothing switched")
 
 
 def switch(plan: HostPlan, current: str | None):
@@ -316,16 +306,9 @@ def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str, 
 
 
 def _validate(state: Any, host: Any, command: str, label: str) -> bool:
-    """The validator prints its elapsed time while vLLM imports and builds its config (seconds on a CPU
-    host, more with a CUDA build); a rejection fails the host with the validator's verdict."""
-    ok, out = host.run_shell_command(command, print_output=True, **remote.connector_arguments(host))
-    if not ok:
-        reason = " ".join((out.stderr_lines or out.stdout_lines)[-6:]) or "no reason given"
-        host.log_styled(f"validation of {label} failed, nothing switched: {reason}", fg="red",
-                        log_func=logger.error)
-        current().failures.setdefault(host.name, f"{host.name}: validation of {label} failed: {reason}")
-        return False
-    return True
+    """The validator ticks while vLLM imports and builds its config (seconds on a CPU host, more with a
+    CUDA build); a rejection fails the host with its verdict."""
+    return remote.run_live(host, command, f"validation of {label}", "nothing switched", tail=6)
 
 
 __all__ = ["base", "release", "switch", "validate", "host"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.exceptions import PyinfraError
@@ -159,6 +159,19 @@ def run(command: str, on=None) -> tuple[bool, Any]:
     """A command run from a callback (commit, restore, journal, wheel unpacking, bench, a load
     balancer's drain), as root through that host's own sudo settings, exactly like an operation's."""
     return (host if on is None else on).run_shell_command(command, **connector_arguments(on))
+
+
+def run_live(on: Any, command: str, what: str, unharmed: str, tail: int = 4) -> bool:
+    """A long step run from a callback (a build, a fetch, a validation) whose progress lines appear in
+    pyinfra's output as they come; a failure fails the host with the step's last words and what it
+    left untouched (`unharmed`), as a plain message, no traceback."""
+    ok, out = on.run_shell_command(command, print_output=True, **connector_arguments(on))
+    if ok:
+        return True
+    reason = " ".join((out.stderr_lines or out.stdout_lines)[-tail:]) or "no reason given"
+    on.log_styled(f"{what} failed, {unharmed}: {reason}", fg="red", log_func=logger.error)
+    current().failures.setdefault(on.name, f"{on.name}: {what} failed: {reason}")
+    return False
 
 
 def run_as_login(command: StringCommand) -> tuple[bool, Any]:

@@ -239,15 +239,25 @@ def deploy_vllm() -> None:
         raise
 
 
-def _deploy_vllm() -> None:
+def _prepared(live: bool = True) -> tuple[HostPlan, dict[str, Any]] | None:
+    """This host's plan, its files' state read in one command, and its base (user, directories, uv,
+    tools); None for a host that is not a vLLM host. Shared by the deploy and the stage."""
     spec = this_host()
     if spec is None:
-        return
+        return None
     plan, vh = plan_this_host(spec)
-    prefetch([tuple(d for _, d in install.tool_files()),
+    prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"], vh["uv"], machine_of(vh))
+    install.base(vh["base_ok"], vh["uv"], machine_of(vh), live=live)
+    return plan, vh
+
+
+def _deploy_vllm() -> None:
+    prepared = _prepared()
+    if prepared is None:
+        return
+    plan, vh = prepared
     built = release_op(plan, vh)
     release_changing = vh["current"] != plan.release
     lock = lock_digest(plan, vh)[0]
@@ -328,14 +338,10 @@ def stage_vllm() -> None:
 
 
 def _stage_vllm() -> None:
-    spec = this_host()
-    if spec is None:
+    prepared = _prepared(live=False)
+    if prepared is None:
         return
-    plan, vh = plan_this_host(spec)
-    prefetch([tuple(d for _, d in install.tool_files(live=False)),
-              *[tuple(d for _, d in model.files(i)) for i in plan.instances],
-              *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"], vh["uv"], machine_of(vh), live=False)
+    plan, vh = prepared
     release_op(plan, vh)
     lock = lock_digest(plan, vh)[0]
     for inst in plan.instances:
