@@ -9,5 +9,5 @@ from vllm_fleet.deploy.vllm import plan_without_secrets
 
 plan = plan_without_secrets()
 vh = host.get_fact(VllmHost)
-install.base(vh["base_ok"], vh["uv"], (vh.get("python") or [None, None])[1])
+install.base(vh)
 install.release(plan, vh)

@@ -89,7 +89,8 @@ def test_plan_and_dry_run_show_the_cuda_13_build_for_a_simulated_h100(simulated_
     lock = next(line for line in out.splitlines() if line.startswith("lab2: lock: "))
     assert re.fullmatch(r"lab2: lock: [0-9a-f]{16} for cp311-x86_64-manylinux_2_36-cu130", lock), lock
     install = next(line for line in out.splitlines() if line.startswith("lab2: install: "))
-    assert install.endswith("--no-deps --require-hashes -r /opt/vllm/releases/0.32.0-cu130/.lock"), install
+    assert install.endswith("--no-deps --require-hashes -r /opt/vllm/releases/.tmp-0.32.0-cu130/.lock"), \
+        install
     assert "--find-links" not in install
     assert next(line for line in out.splitlines() if line.startswith("lab1 ")).split()[1] == "cpu"
 

@@ -49,11 +49,11 @@ LIVE_SCRIPTS = ("watchdog.py", "metrics.py")  # run by the watchdog timer of a s
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
 
-def base(base_ok: bool, uv_version: str | None, machine: str | None, live: bool = True) -> None:
+def base(vh: dict[str, Any], live: bool = True) -> None:
     """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
     VllmHost fact or the manifest says something is missing (no operation on a converged host); a
     stage (`live` False) leaves the watchdog's scripts to the deploy."""
-    if not base_ok:
+    if not vh["base_ok"]:
         dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
                            for path, own in BASE_DIRS.items())
         server.shell(name="vllm user and directories", commands=[
@@ -62,10 +62,12 @@ def base(base_ok: bool, uv_version: str | None, machine: str | None, live: bool 
             "--no-create-home --shell /usr/sbin/nologin vllm",
             dirs,
         ])
-    if uv_version != wheels.UV_VERSION:
-        # at execution time: collection (and so --dry) never downloads uv on the controller
-        python.call(name=f"uv {wheels.UV_VERSION} ({uv_version or 'absent'} on the host)", function=send_uv,
-                    machine=machine or "x86_64")
+    if vh["uv"] != wheels.UV_VERSION:
+        # at execution time: collection (and so --dry) never downloads uv on the controller; uv for the
+        # host's machine as its python3 reports it (x86_64 where that is unknown)
+        py = vh.get("python") or []
+        python.call(name=f"uv {wheels.UV_VERSION} ({vh['uv'] or 'absent'} on the host)", function=send_uv,
+                    machine=py[1] if len(py) > 1 else "x86_64")
     tools = tool_files(live)
     # decided here, not inside the operation: pyinfra pays ~40 ms per operation call (it reads the call
     # stack to order operations), so a converged host should call none it does not need

@@ -22,10 +22,9 @@ from pyinfra.operations import python, server
 from vllm_fleet.controller.wheels import WheelCacheError
 from vllm_fleet.core import cluster
 from vllm_fleet.core import hub as core_hub
-from vllm_fleet.core.lock import LockError, install_command
+from vllm_fleet.core.lock import LockError
 from vllm_fleet.core.modelinfo import weight_bytes_from_dir
 from vllm_fleet.core.plan import (
-    HOST_WHEELS,
     STAGED,
     HostFacts,
     HostPlan,
@@ -198,12 +197,6 @@ def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, 
     return staged
 
 
-def machine_of(vh: dict[str, Any]) -> str | None:
-    """The host's machine as its python3 reports it (uv is sent for it)."""
-    py = vh.get("python") or []
-    return py[1] if len(py) > 1 else None
-
-
 def release_op(plan: HostPlan, vh: dict[str, Any]):
     """The release's build from its lock, or None when the host has it; a lock that cannot be resolved
     or must not be installed is a refusal before this host is touched."""
@@ -213,16 +206,12 @@ def release_op(plan: HostPlan, vh: dict[str, Any]):
         raise Refused(f"refused, nothing was changed:\n  {e}") from None
 
 
-def lock_digest(plan: HostPlan, vh: dict[str, Any]) -> tuple[str, str]:
-    """The lock a plan shows: the installed release's own (read on the host), else the one the build
-    would use (resolved on the controller, once); and the target it is for."""
-    try:
-        tgt = install.target(plan, vh)
-    except LockError as e:
-        return "-", f"({e})"
+def lock_digest(plan: HostPlan, vh: dict[str, Any]) -> str:
+    """The lock of the release a deploy or stage goes to, after release_op: the installed release's own
+    (read on the host), else the one its build installs (resolved already, read from the cache)."""
     if plan.release in vh["releases"]:
-        return vh.get("locks", {}).get(plan.release, "-"), tgt.key
-    return install.lock_of(plan, vh).digest, tgt.key  # resolved once: a deploy's build resolved it
+        return vh["locks"].get(plan.release, "-")
+    return install.lock_of(plan, vh).digest
 
 
 @deploy("vLLM")
@@ -249,7 +238,7 @@ def _prepared(live: bool = True) -> tuple[HostPlan, dict[str, Any]] | None:
     prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
-    install.base(vh["base_ok"], vh["uv"], machine_of(vh), live=live)
+    install.base(vh, live=live)
     return plan, vh
 
 
@@ -260,7 +249,7 @@ def _deploy_vllm() -> None:
     plan, vh = prepared
     built = release_op(plan, vh)
     release_changing = vh["current"] != plan.release
-    lock = lock_digest(plan, vh)[0]
+    lock = lock_digest(plan, vh)
     model_changed, pending = {}, []
     for inst in plan.instances:
         model_changed[inst.name] = model.stage(inst)
@@ -343,7 +332,7 @@ def _stage_vllm() -> None:
         return
     plan, vh = prepared
     release_op(plan, vh)
-    lock = lock_digest(plan, vh)[0]
+    lock = lock_digest(plan, vh)
     for inst in plan.instances:
         model.stage(inst)
         hub.fetch(plan, inst, service.instance_paths(inst))
@@ -376,16 +365,16 @@ def plan_report() -> None:
         return
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
     try:
-        row.lock, row.target = lock_digest(plan, vh)
+        row.target = install.target(plan, vh).key
+        if plan.release in vh["releases"]:
+            row.lock, row.install = vh["locks"].get(plan.release, "-"), "installed"
+        else:  # the build's own command, from the lock it would install
+            lock = install.lock_of(plan, vh)
+            row.lock, row.install = lock.digest, shlex.join(install.build_script(plan, lock)[1])
     except (LockError, WheelCacheError) as e:
         row.refused = f"{host.name}: {plan.release}: {e}"
         python.call(name="plan refused", function=_refused, reason=row.refused)
         return
-    row.install = shlex.join(install_command(f"{plan.release_dir}/bin/python", plan.release_dir,
-                                             f"{plan.release_dir}/.lock", plan.index,
-                                             HOST_WHEELS if plan.install_source == "cache" else None))
-    if plan.release in vh["releases"]:
-        row.install = "installed"
     row.instances = [f"{i.name}: {i.served_name} (TP {i.tensor_parallel}"
                      + (f" x PP {i.pipeline_parallel}" if i.pipeline_parallel > 1 else "") + f", {i.dtype})"
                      + (f" [{i.node.describe()}]" if i.node else "")
