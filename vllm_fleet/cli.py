@@ -76,14 +76,14 @@ def _stage(args: argparse.Namespace) -> int:
     return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.stage_vllm", args.limit)
 
 
-def _rollout(args: argparse.Namespace, deploy: str = "vllm") -> int:
+def _rollout(args: argparse.Namespace, deploy: str = "rollout") -> int:
     from vllm_fleet.controller import rollout  # its runner sets gevent up first, as pyinfra's CLI does
     from vllm_fleet.deploy import rollback, vllm
 
-    func = vllm.deploy_vllm if deploy == "vllm" else rollback.rollback
+    func = vllm.deploy_vllm if deploy == "rollout" else rollback.rollback
     try:
         result = rollout.run(args.inventory, deploy=func, canary=args.canary, wave=args.wave,
-                             max_unavailable=args.max_unavailable, limit=args.limit)
+                             max_unavailable=args.max_unavailable, limit=args.limit, what=deploy)
     except (ValueError, RuntimeError) as e:
         print(f"{args.cmd}: {e}", file=sys.stderr)
         return 2

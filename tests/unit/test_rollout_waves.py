@@ -45,7 +45,7 @@ def test_the_table_names_hosts_per_outcome_and_the_stop():
     r = RolloutResult([["a"], ["b"], ["c"]], hosts, stopped_at=2, seconds=200)
     text = r.table()
     assert "updated: a" in text and "rolled back: b" in text and "untouched: c" in text
-    assert "rollout STOPPED at wave 2: later waves were not touched (200 s)" in text
+    assert "rollout STOPPED at wave 2: later waves were not touched; left as they were: c (200 s)" in text
     assert text.splitlines()[1].split() == ["a", "1", "updated", "0.32.0-cpu", "1", "61", "ms", "90", "s"]
 
 
@@ -157,3 +157,64 @@ def test_two_runs_in_one_process_keep_their_own_record_and_connections(tmp_path,
     assert [name for name, _ in first.fleet.rows["seen"]] == ["@local"]
     assert [name for name, _ in second.fleet.rows["seen"]] == ["@local"]
     assert not any(h.connected for h in inventory)
+
+
+def test_a_rollback_that_rolled_back_is_a_success_and_one_still_failing_is_not():
+    """`vllm-fleet rollback` asks for exactly what a failed deploy's automatic rollback does: a host whose
+    smoke test passes on the restored state is done, not failed; one whose restored state still fails
+    is named as failed with the smoke test's words."""
+    from vllm_fleet.controller.rollout import STOPS_ROLLBACK, STOPS_ROLLOUT, _classify
+
+    outcome = {"hosts": {"a": {"connected": True, "failed": False, "reason": ""},
+                         "b": {"connected": True, "failed": True, "reason": ""}},
+               "smoke": [{"host": "a", "ok": True, "changed": True, "note": "rolled back to 0.31.0-cpu"},
+                         {"host": "b", "ok": False, "changed": True,
+                          "note": "rolled back to 0.31.0-cpu and STILL FAILING"}]}
+    assert _classify("a", outcome) == ("rolled back", "rolled back to 0.31.0-cpu")
+    assert _classify("b", outcome) == ("failed", "rolled back to 0.31.0-cpu and STILL FAILING")
+    assert "rolled back" in STOPS_ROLLOUT and "rolled back" not in STOPS_ROLLBACK
+    assert "failed" in STOPS_ROLLBACK
+
+
+def test_a_stopped_rollback_names_the_hosts_it_left():
+    hosts = {"a": HostOutcome("a", 1, "rolled back"),
+             "b": HostOutcome("b", 2, "failed", detail="no previous"),
+             "c": HostOutcome("c", 3)}
+    r = RolloutResult([["a"], ["b"], ["c"]], hosts, stopped_at=2, seconds=30, what="rollback")
+    text = r.table()
+    assert "rollback STOPPED at wave 2: later waves were not touched; left as they were: c (30 s)" in text
+    assert "b: no previous" in text
+    done = RolloutResult([["a"]], {"a": hosts["a"]}, seconds=5, what="rollback")
+    assert done.ok and done.table().endswith("rollback complete (5 s)")
+
+
+def test_rollback_waves_go_on_past_hosts_that_rolled_back(monkeypatch, tmp_path):
+    """The wave loop itself: a rollback over three hosts, each run recording a good rollback, runs every
+    wave and ends ok (before, the first host's success stopped it with exit 1)."""
+    from types import SimpleNamespace
+
+    from vllm_fleet.controller import rollout
+
+    inv = tmp_path / "inv.py"
+    inv.write_text("gpu = [" + ", ".join(f'("{h}", {{"vllm": {{"model": {{"name": "m"}}}}}})'
+                                         for h in "abc") + "]\n")
+    ran: list[list[str]] = []
+
+    def fake_run(inv, deploy, group, capture=True):
+        ran.append(list(group))
+        return SimpleNamespace(ok=True, error=None, output="", group=group)
+
+    def fake_outcome(result):
+        h = result.group[0]
+        return {"hosts": {h: {"connected": True, "failed": False, "reason": ""}},
+                "smoke": [{"host": h, "ok": True, "changed": True, "note": "rolled back to 0.31.0-cpu",
+                           "release": "0.31.0-cpu", "tp": 1, "checks": []}]}
+
+    monkeypatch.setattr(rollout.runner, "run", fake_run)
+    monkeypatch.setattr(rollout, "outcome_of", fake_outcome)
+    result = rollout.run(str(inv), deploy=lambda: None, canary=0, wave="1", log=lambda s: None,
+                         what="rollback")
+    assert ran == [["a"], ["b"], ["c"]]
+    assert result.ok and [o.outcome for o in result.hosts.values()] == ["rolled back"] * 3
+    stopped = rollout.run(str(inv), deploy=lambda: None, canary=0, wave="1", log=lambda s: None)
+    assert stopped.stopped_at == 1  # the same record from a deploy is a failed change: it stops there

@@ -39,12 +39,19 @@ class HostOutcome:
     detail: str = ""
 
 
+# what stops a rollout: a deploy that had to roll a host back failed its change
+STOPS_ROLLOUT = frozenset({"failed", "unreachable", "rolled back"})
+# what stops a rollback: there a host that rolled back did what was asked
+STOPS_ROLLBACK = frozenset({"failed", "unreachable"})
+
+
 @dataclass
 class RolloutResult:
     waves: list[list[str]]
     hosts: dict[str, HostOutcome] = field(default_factory=dict)
     stopped_at: int | None = None
     seconds: float = 0.0
+    what: str = "rollout"  # or "rollback": the word the verdict uses
 
     @property
     def ok(self) -> bool:
@@ -62,8 +69,12 @@ class RolloutResult:
         lines.append("")
         lines += [f"{k}: {', '.join(v)}" for k, v in by.items()]
         lines += [f"{o.host}: {o.detail}" for o in self.hosts.values() if o.detail]
-        verdict = ("rollout complete" if self.ok else
-                   f"rollout STOPPED at wave {self.stopped_at}: later waves were not touched")
+        if self.ok:
+            verdict = f"{self.what} complete"
+        else:
+            left = [o.host for o in self.hosts.values() if o.outcome == "untouched"]
+            verdict = (f"{self.what} STOPPED at wave {self.stopped_at}: later waves were not touched"
+                       + (f"; left as they were: {', '.join(left)}" if left else ""))
         lines.append(f"{verdict} ({self.seconds:.0f} s)")
         return "\n".join(lines)
 
@@ -143,7 +154,10 @@ def _classify(host: str, outcome: Mapping, error: str | None = None) -> tuple[st
     if not seen["connected"]:
         return "unreachable", "could not connect over SSH"
     reason = seen["reason"].removeprefix(f"{host}: ")[:300]  # the table names the host already
-    if any(r.get("note", "").startswith("rolled back") for r in mine):  # the deploy's reason says why
+    back = [r for r in mine if r.get("note", "").startswith("rolled back")]
+    if any("STILL FAILING" in r["note"] for r in back):  # restored, but what it restored does not serve
+        return "failed", reason or next(r["note"] for r in back if "STILL FAILING" in r["note"])
+    if back:  # the deploy's reason says why
         return "rolled back", (reason or next(r["note"] for r in mine if r.get("note")))
     if not seen["failed"] and not error and mine and all(r["ok"] for r in mine):
         return ("updated" if any(r.get("changed") for r in mine) else "unchanged"), ""
@@ -152,24 +166,27 @@ def _classify(host: str, outcome: Mapping, error: str | None = None) -> tuple[st
 
 def run(inventory: str, deploy: Callable[[], Any] | None = None, canary: int = 1, wave: str = "1",
         max_unavailable: int | None = None, limit: str | None = None,
-        log: Callable[[str], None] = print) -> RolloutResult:
-    """deploy: the @deploy function each wave runs (default: the vLLM deploy)."""
+        log: Callable[[str], None] = print, what: str = "rollout") -> RolloutResult:
+    """deploy: the @deploy function each wave runs (default: the vLLM deploy); what: "rollback" when
+    it is the rollback deploy, for which a host rolled back is the success it asked for."""
     if deploy is None:
         from vllm_fleet.deploy.vllm import deploy_vllm as deploy
+    stops = STOPS_ROLLBACK if what == "rollback" else STOPS_ROLLOUT
     inv = runner.load_inventory(inventory)
     hosts, skipped = inventory_hosts(inv, limit)
     if skipped:
-        log(f"rollout: {skipped_note(skipped)}")
+        log(f"{what}: {skipped_note(skipped)}")
     if not hosts:
         raise RuntimeError(f"no vLLM hosts in {inventory}" + (f" matching --limit {limit}" if limit else ""))
     plan = keep_groups_together(waves(hosts, canary, wave, max_unavailable), inventory_groups(inv))
-    result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w})
+    result = RolloutResult(plan, {h: HostOutcome(h, i + 1) for i, w in enumerate(plan) for h in w},
+                           what=what)
     t0 = time.monotonic()
-    log(f"rollout: {len(hosts)} hosts in {len(plan)} waves: "
+    log(f"{what}: {len(hosts)} hosts in {len(plan)} waves: "
         + " | ".join(",".join(w) for w in plan))
     for i, group in enumerate(plan, start=1):
         kind = "canary" if i == 1 and canary else "wave"
-        log(f"rollout: {kind} {i}/{len(plan)}: {', '.join(group)} ...")
+        log(f"{what}: {kind} {i}/{len(plan)}: {', '.join(group)} ...")
         tw = time.monotonic()
         ran = runner.run(inv, deploy, group, capture=True)  # shown when a wave stops
         took = time.monotonic() - tw
@@ -183,13 +200,12 @@ def run(inventory: str, deploy: Callable[[], Any] | None = None, canary: int = 1
                 o.release = mine[-1]["release"]
                 o.tp = str(mine[-1]["tp"])
                 o.latency_ms = sum(c["ms"] for r in mine for c in r["checks"] if c["name"] == "completion")
-        log(f"rollout: {kind} {i}/{len(plan)} done in {took:.0f} s: "
+        log(f"{what}: {kind} {i}/{len(plan)} done in {took:.0f} s: "
             + ", ".join(f"{h} {result.hosts[h].outcome}" for h in group))
-        if not ran.ok or any(result.hosts[h].outcome in ("failed", "unreachable", "rolled back")
-                             for h in group):
+        if not ran.ok or any(result.hosts[h].outcome in stops for h in group):
             result.stopped_at = i
             tail = "\n".join(ANSI.sub("", ran.output).strip().splitlines()[-12:])
-            log(f"rollout: stopping: wave {i} failed; pyinfra's last lines:\n{tail}")
+            log(f"{what}: stopping: wave {i} failed; pyinfra's last lines:\n{tail}")
             break
     result.seconds = time.monotonic() - t0
     return result
