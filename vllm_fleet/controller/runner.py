@@ -59,7 +59,23 @@ def load_inventory(path: str) -> Inventory:
         try:
             return make_inventory(path, cwd=os.getcwd())
         except Exception as e:
-            raise RuntimeError(f"cannot load inventory {path}: {e}") from None
+            raise RuntimeError(f"cannot load inventory {path}: {load_error(path, e)}") from None
+
+
+def load_error(path: str, error: BaseException) -> str:
+    """What went wrong in an inventory file, at its line: pyinfra wraps what the file raised in an
+    exception whose own text is a traceback of its own (click's message attribute is never set)."""
+    import traceback
+
+    inner = getattr(error, "exception", None) or error
+    line = getattr(inner, "lineno", None) if isinstance(inner, SyntaxError) else None
+    if line is None:
+        tb = getattr(inner, "_traceback", None) or inner.__traceback__
+        mine = Path(path).resolve()
+        frames = [f for f in traceback.extract_tb(tb) if Path(f.filename).resolve() == mine]
+        line = frames[-1].lineno if frames else None
+    what = inner.msg if isinstance(inner, SyntaxError) else str(inner)
+    return (f"line {line}: " if line else "") + f"{type(inner).__name__}: {what}"
 
 
 def limit_hosts(inventory: Inventory, limit: str | None) -> list[str] | None:
