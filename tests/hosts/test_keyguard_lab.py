@@ -59,14 +59,19 @@ def test_the_unit_loads_the_guard(deployed, lab_hosts):
     assert on(h, "ls /usr/local/lib/vllm-fleet/asgi").split() == ["vllm_fleet_keyguard.py"]
 
 
-def test_the_smoke_test_checked_every_route(deployed):
-    """The session's first deploy starts every instance, and every restart probes every route."""
-    checks = [c for r in deployed.smoke if r["changed"] for c in r["checks"] if c["name"] == "no-key-401"]
-    assert checks, deployed.output[-3000:]
-    for c in checks:
-        m = re.fullmatch(r"401 on (\d+)/(\d+) routes", c["detail"])
-        assert c["ok"] and m and m.group(1) == m.group(2) and int(m.group(1)) >= 20, c
-    assert re.search(r"ok \(401 on \d+/\d+ routes\)", deployed.output)
+def test_every_restart_checks_every_route(deployed):
+    """Every restart probes every route without the key. The test makes its own restarts (a flag
+    changed on lab1, then put back) instead of counting on the session's first deploy to start the
+    instances: after `make demo`, or a previous session, that deploy has nothing to change."""
+    for flags in ({"max_num_seqs": 6}, None):  # the change, then the inventory's own config again
+        run = deploy(overrides={"lab1": {"flags": flags}} if flags else None, limit="lab1")
+        assert run.rc == 0, run.output[-4000:]
+        checks = [c for r in run.smoke if r["changed"] for c in r["checks"] if c["name"] == "no-key-401"]
+        assert checks, run.output[-3000:]
+        for c in checks:
+            m = re.fullmatch(r"401 on (\d+)/(\d+) routes", c["detail"])
+            assert c["ok"] and m and m.group(1) == m.group(2) and int(m.group(1)) >= 20, c
+        assert re.search(r"ok \(401 on \d+/\d+ routes\)", run.output)
 
 
 # A local user's server that takes the port the moment it is free and records every request's headers:

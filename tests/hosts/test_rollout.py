@@ -16,6 +16,7 @@ import pytest
 
 import fleetlab as lab
 from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
+from tests.hosts.inventory import HOSTS_ENV
 from vllm_fleet.controller.load import Load, summary
 
 HOSTS = ["lab1", "lab2", "lab3"]
@@ -27,10 +28,18 @@ POLL = ("systemd-run --quiet --collect --unit=rollout-poll sh -c 'for i in $(seq
 @pytest.fixture(scope="module")
 def three_hosts(deployed):
     lab.up(3)
-    run = deploy()
-    assert run.rc == 0, run.output[-4000:]
-    yield HOSTS
-    lab.remove(lab.LabHost(3))  # the other tests run on two hosts
+    before = os.environ.get(HOSTS_ENV)
+    os.environ[HOSTS_ENV] = ",".join([*HOSTS, "lab8"])  # this module's fleet: every run below reads it
+    try:
+        run = deploy()
+        assert run.rc == 0, run.output[-4000:]
+        yield HOSTS
+    finally:
+        if before is None:
+            os.environ.pop(HOSTS_ENV, None)
+        else:
+            os.environ[HOSTS_ENV] = before
+        lab.remove(lab.LabHost(3))  # the other tests run on two hosts
 
 
 def rollout(*args: str, overrides: dict | None = None) -> subprocess.CompletedProcess:
@@ -127,6 +136,7 @@ def lb_servers() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def balanced(three_hosts):
     lab.up(3, plain=2)  # lab7 joins as the load balancer
+    os.environ[HOSTS_ENV] += f",{LB}"
     run = deploy("deploys/vllm.py deploys/lb.py", overrides=BEHIND)
     assert run.rc == 0, run.output[-4000:]
     for _ in range(30):
