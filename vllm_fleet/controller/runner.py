@@ -28,6 +28,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
+from vllm_fleet.deploy.lease import DRY_ATTR
 from vllm_fleet.deploy.run import FleetRun
 
 
@@ -149,6 +150,7 @@ def run(inventory: Inventory, deploy: Callable[[], Any], hosts: Iterable[str] | 
         if hosts is not None:
             limit = [inventory.get_host(name) for name in hosts]
         state.init(inventory, config, initial_limit=limit)
+        setattr(state, DRY_ATTR, dry)  # a dry run holds no host lease (vllm_fleet/deploy/lease.py)
         error = None
         try:
             state.set_stage(StateStage.Connect)

@@ -88,6 +88,7 @@ def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
     env = environment()
     args = {"i": inst, "w": inst.watchdog, "state_name": STATE_NAME.format(inst.name),
             "script": f"{HOST_TOOLS}/watchdog.py", "restart_status": RESTART,
+            "lease": f"{HOST_TOOLS}/lease.py",
             "show": f"systemctl show {UNIT_STATE} {inst.unit}",
             "holders": holders_command(inst.port, inst.unit)}
     return (_checked(env.get_template("vllm-watchdog.service.j2").render(**args), inst.watchdog_units[0]),

@@ -43,7 +43,7 @@ HOST_SRC = Path(vllm_fleet.host.__file__).resolve().parent  # the host-side scri
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)
 HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py",
-                "hubfetch.py", "asuser.py")
+                "hubfetch.py", "asuser.py", "lease.py")
 LIVE_SCRIPTS = ("watchdog.py", "metrics.py")  # run by the watchdog timer of a serving instance
 # the key guard vLLM imports (--middleware): alone in its own directory, under its module's name
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")

@@ -12,7 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.context import ctx_host
 from pyinfra.operations import python
 
-from vllm_fleet.deploy import lb, smoke
+from vllm_fleet.deploy import lb, lease, smoke
 from vllm_fleet.deploy.facts import VllmHost
 from vllm_fleet.deploy.vllm import Refused, plan_this_host, this_host
 
@@ -43,6 +43,7 @@ def rollback() -> None:
     spec = this_host()
     if spec is None:
         return
+    lease.take("rollback")
     state = host.get_fact(VllmHost)["state"] or {}
     if not state.get("previous"):
         raise Refused(f"{host.name}: nothing to roll back to: no previous deploy is recorded on this host "

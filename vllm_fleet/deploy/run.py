@@ -43,6 +43,7 @@ class FleetRun:
     # (endpoint, repo, revision, token variable) -> core.hub.HubSnapshot or the HubError, asked once per run
     hub: dict[tuple, Any] = field(default_factory=dict)
     hub_caches: dict[tuple[str, str], dict] = field(default_factory=dict)  # (host, snapshot) -> HubCache
+    leases: dict[str, Any] = field(default_factory=dict)  # host -> lease.Held, this run's host leases
     _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     _printed: bool = False
 

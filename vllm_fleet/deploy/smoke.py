@@ -26,14 +26,21 @@ from pyinfra.operations import server
 from vllm_fleet.controller import smoke
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
-from vllm_fleet.deploy import remote
+from vllm_fleet.deploy import lease, remote
 from vllm_fleet.deploy.facts import LISTEN_SH, listeners_of, sections_of
 from vllm_fleet.deploy.run import FleetRun, current
 from vllm_fleet.deploy.tunnel import tunnel
 from vllm_fleet.host import effective
 from vllm_fleet.host.watchdog import probe_address
 
-HOSTSTATE = f"python3 {HOST_TOOLS}/hoststate.py"
+HOSTSTATE_SCRIPT = f"python3 {HOST_TOOLS}/hoststate.py"
+
+
+def hoststate(args: str) -> str:
+    """A hoststate.py command of this run: with the run's lease token, so a run that lost its lease
+    (expired and taken over) cannot commit or restore under the run that holds it now."""
+    tok = lease.token()
+    return f"{HOSTSTATE_SCRIPT}{f' --lease {tok}' if tok else ''} {args}"
 
 
 class SmokeFailed(PyinfraError):
@@ -82,7 +89,7 @@ def commit_command(plan: HostPlan) -> str:
     """Record the smoke-tested state as last known good, then prune. Its own operation (commit_op), run
     only after the smoke test passed: a commit that fails fails the host, since the next failed change
     would otherwise roll back to an older state than the one serving now."""
-    return f"{HOSTSTATE} commit {shlex.quote(plan.release)} && {HOSTSTATE} prune {plan.keep_releases}"
+    return f"{hoststate('commit ' + shlex.quote(plan.release))} && {hoststate(f'prune {plan.keep_releases}')}"
 
 
 def commit_op(plan: HostPlan, when: Callable[[], bool], possible: bool) -> None:
@@ -315,7 +322,7 @@ def roll_back(plan: HostPlan, failed: ChangeFailed) -> SmokeFailed:
     """Put the last known good state back after a failed change; the host's failure, to report."""
     if failed.worker_of is not None:
         head = failed.worker_of.head
-        ok, out = run(f"{HOSTSTATE} restore current")
+        ok, out = run(hoststate("restore current"))
         for r in failed.results:
             r.note = f"rolled back with head {head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
         current().results.extend(failed.results)
@@ -337,7 +344,7 @@ def roll_back(plan: HostPlan, failed: ChangeFailed) -> SmokeFailed:
 
 def restore_and_check(plan: HostPlan, which: str) -> tuple[str, list[smoke.SmokeResult]]:
     """Put a snapshot back (hoststate.py restore), then smoke-test what it describes."""
-    ok, out = run(f"{HOSTSTATE} restore {which}")
+    ok, out = run(hoststate(f"restore {which}"))
     if not ok:
         raise SmokeFailed(out.strip().splitlines()[-1] if out.strip() else "restore failed")
     release = json.loads(out.strip().splitlines()[-1])["release"]

@@ -35,7 +35,7 @@ from vllm_fleet.core.plan import (
 from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from vllm_fleet.core.startup import HostPorts
 from vllm_fleet.core.tables import columns
-from vllm_fleet.deploy import hub, install, lb, model, remote, service
+from vllm_fleet.deploy import hub, install, lb, lease, model, remote, service
 from vllm_fleet.deploy.facts import HostModel, VllmHost
 from vllm_fleet.deploy.ops import prefetch
 from vllm_fleet.deploy.run import current
@@ -234,6 +234,7 @@ def _prepared(live: bool = True) -> tuple[HostPlan, dict[str, Any]] | None:
     spec = this_host()
     if spec is None:
         return None
+    lease.take("deploy" if live else "stage")  # before any fact: what it plans from is not mid-change
     plan, vh = plan_this_host(spec)
     prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],

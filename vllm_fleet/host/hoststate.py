@@ -17,6 +17,7 @@ key rotation that clients already follow):
     /var/lib/vllm-fleet/gen/<n>/previous/      the known-good state before that
     /var/lib/vllm-fleet/state.json             -> active/state.json, for readers (the VllmHost fact)
     /var/lib/vllm-fleet/lock                   held by every command that changes anything
+    /var/lib/vllm-fleet/lease                  the run that may change this host now (lease.py)
 
 A generation is written in full under a name unique to its run, then published by replacing the
 `active` link (one atomic rename): a run killed at any point leaves the old state or the new, whole,
@@ -54,6 +55,11 @@ import sys
 import time
 from collections.abc import Iterator
 
+try:
+    from vllm_fleet.host import lease
+except ImportError:  # on the host, beside this script
+    import lease  # type: ignore[no-redef]
+
 ROOT = os.environ.get("VLLM_FLEET_ROOT", "")  # tests run it against a temporary root
 STATE_DIR = ROOT + "/var/lib/vllm-fleet"
 GENS = STATE_DIR + "/gen"
@@ -79,6 +85,7 @@ UV = "/usr/local/bin/uv"
 UV_CACHE = RELEASES + "/.uv-cache"
 PENDING_S = 86400  # a wheel list sent for a release not built yet protects its wheels this long
 MANAGED = "# Managed by vllm-fleet"  # vllm_fleet/templates/vllm.service.j2's first line
+LEASE_TOKEN: str | None = None  # --lease: the token of the run this command belongs to
 
 
 def _sha(path: str) -> str | None:
@@ -111,6 +118,10 @@ def _locked(what: str) -> Iterator[None]:
     that waits too long can say whom it waited for."""
     os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
     os.chmod(STATE_DIR, 0o700)
+    other = lease.held_by_other(LEASE_TOKEN)
+    if other:  # a run that lost its lease (or a hand-run command) never writes under another's
+        raise SystemExit(f"the host lease is held by {other}; this {what.split()[0]} belongs to no run "
+                         "that holds it, nothing was changed")
     fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     held = False
     try:
@@ -645,6 +656,9 @@ def _prune_wheels(pruned: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    global LEASE_TOKEN
+    if argv[:1] == ["--lease"] and len(argv) > 1:
+        LEASE_TOKEN, argv = argv[1], argv[2:]
     if not argv:
         print(__doc__)
         return 2

@@ -1,0 +1,217 @@
+"""The host lease from the controller's side (the host's side: vllm_fleet/host/lease.py).
+
+A run that changes a host takes its lease at collection, before it reads a single fact of that host, so
+what it plans from was not half-changed by another run; it holds it through execution, the smoke test,
+the commit or rollback, and gives it back when pyinfra disconnects the host. The lease is held by a
+small process on the host, started over a channel of this run's own SSH connection and kept alive by
+this controller's heartbeat: a controller that is killed, or whose connection is cut, stops renewing it,
+and the next run takes it over once it has expired, saying whose it was.
+
+Read-only work (plan, status, logs, targets, `--dry`) never takes it and never waits for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import json
+import os
+import secrets
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, logger, state
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.connectors.local import LocalConnector
+from pyinfra.connectors.ssh import SSHConnector
+
+from vllm_fleet.deploy import remote
+from vllm_fleet.deploy.run import current
+
+SOURCE = (Path(__file__).resolve().parent.parent / "host" / "lease.py").read_text()
+WAIT_ENV, WAIT_DEFAULT = "VLLM_FLEET_LEASE_WAIT_S", 120.0  # how long a second run waits, then is refused
+TTL_ENV, TTL_DEFAULT = "VLLM_FLEET_LEASE_TTL_S", 60.0  # a lease not renewed for this long is expired
+DRY_ATTR = "_vllm_fleet_dry"  # set on the State by controller/runner.py for a dry run
+# the holder reads its own source from the channel (a fresh host has nothing of ours installed yet);
+# os.read, not sys.stdin: a buffered read could swallow the heartbeats behind it
+BOOT = ("import json,os,sys\nb=b''\nwhile not b.endswith(b'\\n'):\n c=os.read(0,65536)\n"
+        " if not c: sys.exit(1)\n b+=c\nexec(compile(json.loads(b),'lease.py','exec'))")
+
+
+class LeaseRefused(PyinfraError):
+    """Another run holds the host: pyinfra prints the message without a traceback and fails the host."""
+
+
+def wait_s() -> float:
+    return float(os.environ.get(WAIT_ENV, WAIT_DEFAULT))
+
+
+def ttl_s() -> float:
+    return float(os.environ.get(TTL_ENV, TTL_DEFAULT))
+
+
+class _Channel:
+    """One long-lived command on the host: an SSH channel of the host's own connection, or a local
+    process for pyinfra's @local connector."""
+
+    def __init__(self, command: str):
+        if isinstance(host.connector, SSHConnector):
+            client = host.connector.client
+            self.chan = client.get_transport().open_session()
+            self.chan.exec_command(command)
+            self.out = self.chan.makefile("rb")
+            self.proc = None
+        else:
+            self.chan = None
+            self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.out = self.proc.stdout
+
+    def send(self, text: str) -> None:
+        data = text.encode()
+        if self.chan is not None:
+            self.chan.sendall(data)
+        else:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+
+    def readline(self) -> str:
+        return self.out.readline().decode(errors="replace").strip()
+
+    def stderr(self) -> str:
+        if self.chan is not None:
+            return self.chan.makefile_stderr("rb").read().decode(errors="replace").strip()
+        return self.proc.stderr.read().decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if self.chan is not None:
+            self.chan.close()
+        elif self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+
+
+@dataclass
+class Held:
+    token: str
+    channel: _Channel
+    stop: threading.Event = field(default_factory=threading.Event)
+    lost: bool = False
+
+    def beat(self, every: float) -> None:
+        while not self.stop.wait(every):
+            try:
+                self.channel.send("beat\n")
+            except Exception:  # the connection is gone: the host's holder lets the lease expire
+                self.lost = True
+                return
+
+    def release(self) -> bool:
+        self.stop.set()
+        try:
+            self.channel.send("release\n")
+            said = self.channel.readline()
+        except Exception:
+            said = ""
+        finally:
+            self.channel.close()
+        return said == "released"
+
+
+def _dry() -> bool:
+    import pyinfra
+
+    return bool(getattr(state, DRY_ATTR, False) or (pyinfra.is_cli and "--dry" in sys.argv))
+
+
+def holder(what: str) -> dict[str, Any]:
+    login = current().logins.get(host.name, {}).get("user") or host.data.get("ssh_user") or "root"
+    command = " ".join([what + ":", os.path.basename(sys.argv[0]), *sys.argv[1:]])[:200]
+    return {"controller": socket.gethostname(), "operator": getpass.getuser(), "login": login,
+            "pid": os.getpid(), "command": command,
+            "start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def token() -> str | None:
+    """This run's lease token on this host, for the host commands that check it (hoststate.py)."""
+    held = current().leases.get(host.name)
+    return held.token if held else None
+
+
+def take(command: str) -> str | None:
+    """Hold this host's lease for the rest of the run (collection time, after the login check and
+    before any fact of the host is read); its token, or None in a dry run."""
+    run = current()
+    if host.name in run.leases:
+        return run.leases[host.name].token
+    if _dry() or not host.connected:  # nothing changes, or nothing is reached (the decisions' tests)
+        return None
+    if not isinstance(host.connector, SSHConnector | LocalConnector):
+        logger.warning(f"[{host.name}] no host lease over pyinfra's {type(host.connector).__name__}: "
+                       "another run may change this host at the same time")
+        return None
+    tok = secrets.token_hex(8)
+    argv = ["python3", "-c", BOOT, "hold", tok, json.dumps(holder(command)), f"{wait_s():g}",
+            f"{ttl_s():g}"]
+    sudo = "sudo -H -n " if remote.connector_arguments().get("_sudo") else ""
+    channel = _Channel(sudo + shlex.join(argv))
+    channel.send(json.dumps(SOURCE) + "\n")
+    while True:
+        line = channel.readline()
+        if line.startswith("waiting: "):
+            logger.info(f"[{host.name}] {line.removeprefix('waiting: ')}; waiting up to {wait_s():g} s")
+            continue
+        break
+    if line.startswith("refused: "):
+        channel.close()
+        raise LeaseRefused(f"refused, nothing was changed:\n  {host.name}: {line.removeprefix('refused: ')}")
+    if line != "held" and not line.startswith("took over "):
+        why = channel.stderr() or line or "no answer"
+        channel.close()
+        raise LeaseRefused(f"refused, nothing was changed:\n  {host.name}: could not take the host lease: "
+                           f"{why.splitlines()[-1]}")
+    if line.startswith("took over "):
+        logger.warning(f"[{host.name}] {line}")
+    held = Held(tok, channel)
+    if not _UNRELEASED:
+        atexit.register(_at_exit)
+    _UNRELEASED[id(held)] = held
+    threading.Thread(target=held.beat, args=(max(1.0, ttl_s() / 6),), daemon=True).start()
+    run.leases[host.name] = held
+    if run.at_end("lease", lambda: None):  # once per run: give each host's lease back as it disconnects
+        state.add_callback_handler(_GiveBack(run.leases))
+    return tok
+
+
+_UNRELEASED: dict[int, Held] = {}  # every lease this process holds, whichever run took it
+
+
+def _at_exit() -> None:
+    """A process that ends without disconnecting (a crash in pyinfra's own code) still gives back."""
+    for held in list(_UNRELEASED.values()):
+        held.release()
+    _UNRELEASED.clear()
+
+
+def give_back(name: str, leases: dict[str, Held]) -> None:
+    held = leases.pop(name, None)
+    if held is not None:
+        _UNRELEASED.pop(id(held), None)
+    if held is not None and not held.release():
+        logger.warning(f"[{name}] the host lease could not be given back; it expires after {ttl_s():g} s")
+
+
+class _GiveBack(BaseStateCallback):
+    def __init__(self, leases: dict[str, Held]):
+        self.leases = leases
+
+    def host_disconnect(self, state, host) -> None:
+        give_back(host.name, self.leases)
