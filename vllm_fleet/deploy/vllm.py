@@ -169,10 +169,12 @@ def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str], hub_read
     return plan
 
 
-def placeholder_secrets(spec: HostSpec) -> dict[str, str]:
-    """Secrets are checked by the deploy; plans that only read (plan, bench) need their names only."""
-    return {**{i.api_key_env: "-" for i in spec.instances if i.api_key_env},
-            **{i.hf_token_env: "-" for i in spec.instances if i.hf_token_env}}
+def controller_environ(spec: HostSpec) -> dict[str, str]:
+    """The environment every command plans with: the controller's own (index settings, find-links, the
+    unit's variables), the deploy's exactly. A secret that is not set gets a placeholder, for read-only
+    work that never sends it (plan, status, targets, bench); the plan names what is missing instead."""
+    secrets = [v for i in spec.instances for v in (i.api_key_env, i.hf_token_env) if v]
+    return {**os.environ, **{v: "-" for v in secrets if not os.environ.get(v)}}
 
 
 def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
@@ -180,7 +182,7 @@ def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
     spec = _required(spec, False)
     facts, _ = host_facts(spec)
     try:
-        return _plan(spec, facts, placeholder_secrets(spec), hub_reads=False)
+        return _plan(spec, facts, controller_environ(spec), hub_reads=False)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
 
@@ -356,8 +358,11 @@ def plan_report() -> None:
     row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
                          driver=str(facts.driver) if facts.driver else "-")
     rows.append(row)
+    missing = [p for inst in spec.instances for p in missing_secrets(host.name, inst, os.environ)]
     try:
-        plan = _plan(spec, facts, placeholder_secrets(spec))
+        if missing:  # checked by name, never shown: the deploy would refuse this host for it
+            raise SpecError(missing)
+        plan = _plan(spec, facts, controller_environ(spec))
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
         # an operation that fails without touching the host: pyinfra exits non-zero once every host's
