@@ -18,9 +18,19 @@ from tests.hosts.conftest import INVENTORY, ROOT, deploy, host_files_digest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from bad_inventories import BAD_HOSTS  # noqa: E402
 
+# the tiny model beside a file whose name holds a newline (made by the `before` fixture)
+ODD_MODEL = str(ROOT / ".cache" / "odd-names-model")
+
 
 @pytest.fixture(scope="module")
 def before(deployed):
+    import shutil
+
+    from fleetlab.inventory import TINY_MODEL
+
+    shutil.rmtree(ODD_MODEL, ignore_errors=True)
+    shutil.copytree(TINY_MODEL, ODD_MODEL)
+    Path(ODD_MODEL, "notes\nfor the team.txt").write_text("a name no loader reads\n")
     return {h: host_files_digest(h) for h in ("lab1", "lab2")}
 
 
@@ -47,6 +57,9 @@ PLAN_REFUSED = [
      "lab2: vllm.instances[default].model.path: /nonexistent/tiny/config.json does not exist"),
     ("tensor parallel that does not divide the heads", {"flags": {"tensor_parallel_size": 3}},
      "lab2: vllm.instances[default]"),
+    ("a model file name with a newline", {"model": {"path": ODD_MODEL}},
+     f"lab2: vllm.instances[default].model.path: {ODD_MODEL} holds file names with control characters "
+     "('notes\\nfor the team.txt'): rename or remove those files"),
 ]
 
 

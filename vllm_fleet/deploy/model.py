@@ -34,6 +34,13 @@ def source_files(path: str) -> list[Path]:
     return sorted(p for p in src.iterdir() if p.is_file())
 
 
+def odd_names(path: str) -> list[str]:
+    """File names with control characters (a newline, a tab, an escape): no model loader reads such
+    a file, and a name with a newline would split the line-based records the host reads back."""
+    return [repr(f.name) for f in source_files(path)
+            if any(ord(c) < 32 or ord(c) == 127 for c in f.name)]
+
+
 def digest(path: str) -> str:
     """The content version of a controller model directory (hashes cached across runs by
     vllm_fleet.deploy.ops)."""

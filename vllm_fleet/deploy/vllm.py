@@ -17,6 +17,7 @@ from typing import Any
 from pyinfra import host, inventory, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ctx_state
 from pyinfra.operations import python, server
 
 from vllm_fleet.controller.wheels import WheelCacheError
@@ -99,6 +100,11 @@ def _model_facts(spec: HostSpec, hub_reads: bool = True) -> tuple[dict[str, dict
             if not cfg.exists():
                 raise Refused(f"refused, nothing was changed:\n  {host.name}: vllm.instances[{inst.name}]"
                               f".model.path: {cfg} does not exist on the controller")
+            odd = model.odd_names(inst.model.path)
+            if odd:
+                raise Refused(f"refused, nothing was changed:\n  {host.name}: vllm.instances[{inst.name}]"
+                              f".model.path: {inst.model.path} holds file names with control characters "
+                              f"({', '.join(odd)}): rename or remove those files")
             configs[inst.name] = json.loads(cfg.read_text())
             weights[inst.name] = weight_bytes_from_dir(inst.model.path)
             digests[inst.name] = model.digest(inst.model.path)
@@ -349,7 +355,9 @@ def plan_report() -> None:
 
     run = current()
     rows = run.rows.setdefault("plan", [])
-    run.at_end("plan", lambda: print("\n" + report.table(sorted(rows, key=lambda r: r.host))
+    st = ctx_state.get()
+    run.at_end("plan", lambda: print("\n" + report.table(sorted(rows + _unreachable_rows(st),
+                                                                key=lambda r: r.host))
                                      + skipped_hosts_note()))
     spec = this_host(check_secrets=False)
     if spec is None:
@@ -386,6 +394,17 @@ def plan_report() -> None:
                      + (f" [{i.node.describe()}]" if i.node else "")
                      + (f" from {i.hub.describe()}" if i.hub else "") for i in plan.instances]
     row.warnings = list(plan.warnings)
+
+
+def _unreachable_rows(st: Any) -> list[Any]:
+    """A vLLM host pyinfra could not connect to gets its own row; the others are planned all the same."""
+    from vllm_fleet.core import report
+
+    reached = {h.name for h in st.activated_hosts}
+    return [report.PlanRow(h.name, "-", refused=f"{h.name}: could not connect over SSH (see pyinfra's "
+                                                 "connection error above); nothing was planned for it")
+            for h in st.inventory if st.is_host_in_limit(h) and h.name not in reached
+            and is_vllm_host(h.data.get("vllm"))]
 
 
 def _refused(state: Any, host: Any, reason: str) -> bool:
