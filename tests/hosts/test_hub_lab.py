@@ -99,7 +99,8 @@ def test_a_hub_model_is_fetched_before_the_restart_and_served_offline(mirror):
     # -vvv, journal or sudo's log
     assert TOKEN not in run.output
     leaks = on(HOST, f"grep -rl {TOKEN} /etc/systemd /etc/vllm /var/lib/vllm-fleet /var/lib/vllm /var/log "
-                     f"/root /home /tmp 2>/dev/null; journalctl --no-pager -o cat | grep -c {TOKEN}")
+                     f"/root /home /tmp /opt/vllm/.upload 2>/dev/null; "
+                     f"journalctl --no-pager -o cat | grep -c {TOKEN}")
     assert leaks.split() == ["/etc/vllm/default.hub.env", "0"], leaks
     # a rerun fetches nothing and changes nothing
     again = hub_deploy(mirror, "v1")

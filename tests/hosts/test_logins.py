@@ -40,10 +40,12 @@ def test_lab_connects_as_deploy_with_sudo_and_verified_host_keys(deployed):
     # the deploy user really is an ordinary user, and what its sudo ran is in the host's journal
     assert on("lab1", "id -u deploy").strip() != "0"
     assert "COMMAND=" in on("lab1", "journalctl SYSLOG_IDENTIFIER=sudo --no-pager -o cat | grep -m1 deploy")
-    # uploads of the sudo login went through its own 0700 directory, and nothing stayed there
-    assert on("lab1", "stat -c %a:%U /home/deploy/.cache/vllm-fleet/upload").strip() == "700:deploy"
-    assert on("lab1", "ls -A /home/deploy/.cache/vllm-fleet/upload /etc/vllm/.staging").split() == \
-        ["/etc/vllm/.staging:", "/home/deploy/.cache/vllm-fleet/upload:"]
+    # uploads of the sudo login went through its own 0700 directory that root made beside the models
+    # (not through /home, which a large model would fill), and nothing stayed there
+    assert on("lab1", "stat -c %a:%U /opt/vllm/.upload /opt/vllm/.upload/deploy").split() == \
+        ["711:root", "700:deploy"]
+    assert on("lab1", "ls -A /opt/vllm/.upload/deploy /etc/vllm/.staging").split() == \
+        ["/etc/vllm/.staging:", "/opt/vllm/.upload/deploy:"]
 
 
 def test_a_host_key_that_changed_is_refused(deployed):

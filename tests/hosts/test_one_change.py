@@ -107,3 +107,21 @@ def test_a_killed_controllers_lease_expires_and_the_next_deploy_takes_it_over(de
     assert re.search(took, run.output), run.output[-3000:]
     truth = host_truth(host)
     assert truth["live"] == truth["recorded"] == "8" and truth["lease"] == "free"
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next_run(deployed):
+    """The files a controller killed mid-upload leaves (planted here as that run would leave them: a
+    partial upload in the sudo login's directory, a staged model file, an incoming wheel tar): the next
+    deploy's first operation removes them, and a converged host then runs no such operation."""
+    host = "lab1"
+    planted = ["/opt/vllm/.upload/deploy/0.model.safetensors", "/opt/vllm/models/.staging/1.config.json",
+               "/var/cache/vllm-fleet/wheels/.incoming-0.32.0-cpu.tar"]
+    on(host, "install -d -m 0700 -o deploy -g deploy /opt/vllm/.upload/deploy; "
+             "install -d -m 0700 /opt/vllm/models/.staging; "
+             + "; ".join(f"head -c 1M /dev/zero > {p}" for p in planted))
+    run = deploy(limit=host)
+    assert run.rc == 0, run.output[-3000:]
+    assert "remove what a killed run left (3 paths)" in run.output, run.output[-3000:]
+    assert on(host, "ls -d " + " ".join(planted) + " 2>/dev/null; true").split() == []
+    again = deploy(limit=host)
+    assert again.rc == 0 and "killed run left" not in again.output

@@ -507,3 +507,22 @@ def test_a_commit_records_the_digest_of_the_lock_its_release_was_built_from(hs):
     mod.commit("0.32.0-cpu")
     state = mod.load()
     assert state["current"]["lock"] == digest(lock) and state["previous"]["lock"] is None
+
+
+def test_prune_removes_what_killed_runs_left_and_nothing_else(hs):
+    """Partial uploads, staged files and incoming wheels of a run killed midway: prune (under the lease
+    of the run that commits) removes them, dot files included, and keeps the live files beside them."""
+    mod, root = hs
+    left = ["opt/vllm/.upload/deploy/0.model.safetensors", "opt/vllm/.upload/deploy/.uv.incoming",
+            "opt/vllm/models/.staging/3.config.json", "etc/vllm/.staging/0.default.yaml.part",
+            "var/cache/vllm-fleet/wheels/.incoming-0.32.0-cpu.tar",
+            "home/deploy/.cache/vllm-fleet/upload/1.tokenizer.json"]
+    kept = ["etc/vllm/default.yaml", "etc/vllm/.staging.keep"]
+    for rel in left + kept:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    assert mod.leftovers() == sorted(str(root / rel) for rel in left)
+    out = mod.prune(2)
+    assert sorted(out["removed"]) == sorted(str(root / rel) for rel in left)
+    assert all((root / rel).exists() for rel in kept) and mod.leftovers() == []
+    assert (root / "opt/vllm/.upload/deploy").is_dir()  # the directories stay, emptied

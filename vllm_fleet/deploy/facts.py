@@ -13,7 +13,15 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, HOST_PYTHON, RELEASES_DIR, UV_PATH, VLLM_USER
+from vllm_fleet.core.plan import (
+    BASE_DIRS,
+    CURRENT_LINK,
+    HOST_PYTHON,
+    HOST_TOOLS,
+    RELEASES_DIR,
+    UV_PATH,
+    VLLM_USER,
+)
 
 # what tells whether a unit is enabled, running, and restarted since it was last read
 UNIT_PROPERTIES = ("-p ActiveState -p SubState -p MainPID -p UnitFileState -p ActiveEnterTimestampMonotonic "
@@ -175,6 +183,8 @@ class VllmHost(FactBase):
             "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; "
             # what decides whether vLLM can bind its port: the lowest unprivileged port, and each TCP
             # listener with the unit of its process (ss once, then one cgroup line per listening pid)
+            # what a killed run left (uploads, staged files): the next run removes it first
+            f"echo '## leftovers'; {HOST_PYTHON} {HOST_TOOLS}/hoststate.py leftovers 2>/dev/null; "
             "echo '## unprivileged_port_start'; "
             "cat /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null; "
             + LISTEN_SH
@@ -220,6 +230,8 @@ class VllmHost(FactBase):
             "ip_filtering": bool(sections.get("cgroup2")),
             "unprivileged_port_start": _int_or_none(sections.get("unprivileged_port_start", [])),
             "listeners": listeners_of(sections),
+            # paths a killed run left behind (hoststate.py LEFTOVERS)
+            "leftovers": [p for p in sections.get("leftovers", []) if p.strip()],
         }
 
 

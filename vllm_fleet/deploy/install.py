@@ -53,6 +53,9 @@ def base(vh: dict[str, Any], live: bool = True) -> None:
     """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
     VllmHost fact or the manifest says something is missing (no operation on a converged host); a
     stage (`live` False) leaves the watchdog's scripts to the deploy."""
+    if vh.get("leftovers"):  # a killed run's; this run holds the lease, so nothing else is writing them
+        server.shell(name=f"remove what a killed run left ({len(vh['leftovers'])} paths)",
+                     commands=["rm -rf -- " + " ".join(shlex.quote(p) for p in vh["leftovers"])])
     if not vh["base_ok"]:
         dirs = " && ".join("install -d -o {} -g {} -m {} {}".format(*own.split(":"), path)
                            for path, own in BASE_DIRS.items())
@@ -88,7 +91,7 @@ def _upload(local: Path, name: str, root_dir: str, label: str | None = None) -> 
     root_dir for a root login; returns its path on the host. With a label, progress is logged."""
     drop = remote.upload_dir()
     dest = f"{drop or root_dir}/{name}"
-    if drop and not remote.run_as_login(remote.make_upload_dir(drop))[0]:
+    if drop and not remote.run(remote.make_upload_dir(drop))[0]:
         raise wheels.WheelCacheError(f"cannot make the upload directory {drop}")
     with open(local, "rb") as f:
         src = wheels.Progress(f, local.stat().st_size, f"[{host.name}] {label}", logger.info) if label else f

@@ -20,17 +20,18 @@ import shlex
 from typing import Any
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.exceptions import PyinfraError
 
 from vllm_fleet.deploy.run import current
+from vllm_fleet.host.hoststate import UPLOADS
 
 # What the docs tell an operator to install on each host for the login (docs/operations.md).
 SUDOERS_FILE = "/etc/sudoers.d/vllm-fleet"
 # Uploads of a non-root login, under its own home: 0700, so no other user (vllm included) ever sees a
 # file in transit; pyinfra's default temp dir (/tmp) would hold an env file world-readable meanwhile.
-UPLOAD_SUBDIR = ".cache/vllm-fleet/upload"
+UPLOAD_ROOT = UPLOADS  # <login>/ inside, one per login
 
 
 def sudoers_line(user: str) -> str:
@@ -143,16 +144,21 @@ def check_login() -> dict[str, Any]:
 
 def upload_dir() -> str | None:
     """Where this host's login uploads before root moves a file into place; None for a root login
-    (which writes straight into root-only staging directories)."""
+    (which writes straight into root-only staging directories). Beside the releases and models, on
+    their file system, not in the login's home: a large model never fills /home, and the move into
+    place is a rename."""
     login = check_login()
     if login["uid"] == 0:
         return None
-    return f"{login['home'].rstrip('/')}/{UPLOAD_SUBDIR}"
+    return f"{UPLOAD_ROOT}/{login['user']}"
 
 
-def make_upload_dir(path: str) -> StringCommand:
-    """As the login itself, never as root: `install -d -m 0700` also tightens an existing directory."""
-    return StringCommand(f"install -d -m 0700 {shlex.quote(path)}", _sudo=False)
+def make_upload_dir(path: str) -> str:
+    """Root makes the login's upload directory, 0700 and the login's own, inside a root-owned 0711 one
+    (nobody lists another login's uploads); `install -d` also tightens an existing directory."""
+    user = shlex.quote(path.rsplit("/", 1)[-1])
+    return (f"install -d -m 0711 -o root -g root {UPLOAD_ROOT} && "
+            f"install -d -m 0700 -o {user} -g \"$(id -g {user})\" {shlex.quote(path)}")
 
 
 def run(command: str, on=None) -> tuple[bool, Any]:
@@ -172,11 +178,6 @@ def run_live(on: Any, command: str, what: str, unharmed: str, tail: int = 4) -> 
     on.log_styled(f"{what} failed, {unharmed}: {reason}", fg="red", log_func=logger.error)
     current().failures.setdefault(on.name, f"{on.name}: {what} failed: {reason}")
     return False
-
-
-def run_as_login(command: StringCommand) -> tuple[bool, Any]:
-    """A command that must run as the login itself (its own upload directory), never through sudo."""
-    return host.run_shell_command(command, **{**connector_arguments(), "_sudo": False})
 
 
 def run_text(command: str) -> tuple[bool, str]:

@@ -38,6 +38,7 @@ Commands:
                             then the staged models, hub snapshots, stored wheels and uv cache
                             entries nothing uses
     show                    print state.json
+    leftovers               list what killed runs left (uploads, staged files); prune removes them
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ UV = "/usr/local/bin/uv"
 UV_CACHE = RELEASES + "/.uv-cache"
 PENDING_S = 86400  # a wheel list sent for a release not built yet protects its wheels this long
 MANAGED = "# Managed by vllm-fleet"  # vllm_fleet/templates/vllm.service.j2's first line
+UPLOADS = ROOT + "/opt/vllm/.upload"  # a sudo login's uploads: <login>/, 0700 (vllm_fleet/deploy/remote.py)
+# What a run killed midway leaves: uploads, staged files, incoming wheels and uv. Under the host lease
+# nothing else writes there, so the next run (its first operation) and every prune remove them; the
+# last is where a sudo login's uploads went before they moved beside the models.
+LEFTOVERS = (UPLOADS + "/*/*", MODELS + "/.staging/*", CONFIG_DIR + "/.staging/*", WHEELS + "/.incoming-*",
+             WHEELS + "/.releases/.incoming-*", ROOT + "/usr/local/bin/.uv.incoming",
+             ROOT + "/home/*/.cache/vllm-fleet/upload/*")
 LEASE_TOKEN: str | None = None  # --lease: the token of the run this command belongs to
 
 
@@ -529,7 +537,31 @@ def prune(keep: int) -> dict:
     with _locked(f"prune {keep}"):
         _migrate()
         _tidy()
-        return _prune(keep)
+        gone = remove_leftovers()
+        out = _prune(keep)
+        out["removed"] = gone + out.get("removed", [])
+        return out
+
+
+def remove_leftovers() -> list[str]:
+    """What killed runs left (LEFTOVERS); called under the host lock, by a run that holds the lease."""
+    gone = []
+    for path in leftovers():
+        with contextlib.suppress(FileNotFoundError):
+            _rm(path)
+            gone.append(path)
+    return gone
+
+
+def leftovers(patterns: tuple[str, ...] = LEFTOVERS) -> list[str]:
+    """The paths the patterns match, dot files included (a `*` alone skips them)."""
+    import glob
+
+    found: list[str] = []
+    for pattern in patterns:
+        head, tail = os.path.split(pattern)
+        found += glob.glob(pattern) + (glob.glob(os.path.join(head, ".*")) if tail == "*" else [])
+    return sorted(set(found))
 
 
 def _prune(keep: int) -> dict:
@@ -671,6 +703,9 @@ def main(argv: list[str]) -> int:
         out = prune(int(args[0]))
     elif cmd == "show":
         out = load()
+    elif cmd == "leftovers":  # read only: what the VllmHost fact reports, for the next run to remove
+        print("\n".join(leftovers()))
+        return 0
     else:
         print(f"unknown command {cmd}", file=sys.stderr)
         return 2
