@@ -123,3 +123,28 @@ def test_a_worker_that_fails_its_checks_keeps_the_head_from_restarting(deployed)
     for h in NODES:
         assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h], h
         assert "nnodes" not in on(h, "cat /etc/vllm/default.yaml")
+
+
+def test_a_node_with_nothing_committed_is_stopped_when_the_groups_change_fails(deployed):
+    """The group fails as one: lab2 is made a node that was never committed (its host state moved
+    aside, as on a host this toolkit never deployed), then a change that breaks the group (gloo on an
+    interface the nodes lack) fails the head's smoke test. The head rolls back to its own last good
+    config; lab2 has none to return to, so it is stopped, not left serving the uncommitted group config."""
+    bad = {"__replace__": {n: {**v, "env": {**v["env"], "GLOO_SOCKET_IFNAME": "eth9"}}
+                           for n, v in CLUSTER["__replace__"].items()}}
+    on("lab2", "mkdir -p /root/state-aside && cd /var/lib/vllm-fleet && "
+               "mv active gen state.json /root/state-aside/")
+    try:
+        broken = deploy(overrides=bad, limit=PAIR)
+        assert broken.rc != 0, broken.output[-4000:]
+        assert "lab1: change failed and was rolled back" in broken.output, broken.output[-4000:]
+        notes = {r["host"]: r["note"] for r in broken.smoke}
+        assert notes["lab2"] == ("stopped: the group's change failed and this node has no committed state "
+                                 "to return to"), broken.smoke
+        assert unit_props("lab2")["ActiveState"] in ("inactive", "failed")
+        assert "nnodes" not in on("lab1", "cat /etc/vllm/default.yaml")  # the head: its own config again
+    finally:
+        on("lab2", "rm -rf /root/state-aside")
+        back = deploy(limit=PAIR)  # both stand-alone again; lab2 commits afresh
+    assert back.rc == 0, back.output[-4000:]
+    assert all(r["ok"] for r in back.smoke)

@@ -318,24 +318,43 @@ def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: 
     raise ChangeFailed(f"{host.name}: smoke test failed after a change: {reason}", results, reason, tail)
 
 
+NOTHING_TO_RESTORE = "nothing to roll back to"  # hoststate.py restore's words for a host never committed
+
+
+def _stop_uncommitted(plan: HostPlan) -> str:
+    """A node group's node with no committed state to return to: stopped, so it never serves (or holds
+    a group's collective open for) a config the group did not commit."""
+    units = " ".join(shlex.quote(i.unit) for i in plan.instances)
+    ok, out = run(f"systemctl stop {units}")
+    return ("stopped: the group's change failed and this node has no committed state to return to"
+            if ok else f"rollback FAILED, and stopping it failed too: {out.strip()[-200:]}")
+
+
 def roll_back(plan: HostPlan, failed: ChangeFailed) -> SmokeFailed:
     """Put the last known good state back after a failed change; the host's failure, to report."""
+    grouped = failed.worker_of is not None or any(i.node for i in plan.instances)
     if failed.worker_of is not None:
         head = failed.worker_of.head
         ok, out = run(hoststate("restore current"))
+        note = f"rolled back with head {head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
+        if not ok and NOTHING_TO_RESTORE in out:
+            note = _stop_uncommitted(plan)
         for r in failed.results:
-            r.note = f"rolled back with head {head}" if ok else f"rollback FAILED: {out.strip()[-200:]}"
+            r.note = note
         current().results.extend(failed.results)
-        return SmokeFailed(f"{failed}" if ok else f"{failed}\nits rollback failed: {out.strip()[-300:]}")
+        return SmokeFailed(f"{failed}" if ok else f"{failed}\n{note}")
     t0 = time.monotonic()
     try:
         release, again = restore_and_check(plan, "current")
     except SmokeFailed as e:
+        note = "no known-good state to roll back to"
+        if grouped and NOTHING_TO_RESTORE in str(e):
+            note = _stop_uncommitted(plan)
         for r in failed.results:
-            r.note = "no known-good state to roll back to"
+            r.note = note
         current().results.extend(failed.results)
         return SmokeFailed(f"{host.name}: change failed and could not be rolled back ({e}): {failed.reason}"
-                           f"\n{failed.tail}")
+                           f"\n{failed.tail}" + (f"\n{note}" if note.startswith("stopped") else ""))
     took = time.monotonic() - t0
     return SmokeFailed(f"{host.name}: change failed and was rolled back to {release} "
                        f"({'serving again' if all(r.ok for r in again) else 'which also fails'}, "
