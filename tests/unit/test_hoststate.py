@@ -526,3 +526,31 @@ def test_prune_removes_what_killed_runs_left_and_nothing_else(hs):
     assert sorted(out["removed"]) == sorted(str(root / rel) for rel in left)
     assert all((root / rel).exists() for rel in kept) and mod.leftovers() == []
     assert (root / "opt/vllm/.upload/deploy").is_dir()  # the directories stay, emptied
+
+
+def test_a_commit_on_a_full_file_system_is_a_message_and_leaves_the_last_state_whole(hs, monkeypatch):
+    """ENOSPC while the new generation is written: no traceback, the path, what was needed and what is
+    free; no partial generation left; the state in force is the one before."""
+    import errno
+
+    mod, root = hs
+    deploy(root, "0.32.0-cpu", "max-num-seqs: 8\n")
+    mod.commit("0.32.0-cpu")
+    before = mod.load()
+    deploy(root, "0.32.0-cpu", "max-num-seqs: 4\n")
+    real = mod._write
+
+    def full(path, data):
+        if "/.stage-" in path and path.endswith("state.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(mod, "_write", full)
+    with pytest.raises(SystemExit) as e:
+        mod.commit("0.32.0-cpu")
+    msg = str(e.value)
+    assert msg.startswith(f"cannot record this host's state in {root}/var/lib/vllm-fleet: No space left on "
+                          "device (needed about ")
+    assert "free); nothing was recorded and the last recorded state is still in force" in msg
+    assert mod.load() == before
+    assert not [n for n in os.listdir(root / "var/lib/vllm-fleet/gen") if n.startswith(".stage-")]

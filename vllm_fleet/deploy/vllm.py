@@ -307,6 +307,10 @@ def _deploy_vllm() -> None:
         server.shell(name="systemd daemon-reload (watchdog removed)", commands=["systemctl daemon-reload"])
     did_change = any(changed) or bool(removed) or built is not None
     had_state = bool(vh["state"])
+    lagging = had_state and not did_change and _record_lags(plan, vh)
+    if lagging:  # an earlier commit failed (a full file system): record what is live now
+        logger.info(f"[{host.name}] the recorded state is not what is live (an earlier commit failed): "
+                    "recording it")
 
     changed_groups = current().cluster_changed
 
@@ -317,9 +321,27 @@ def _deploy_vllm() -> None:
     verify_op(plan, changed=this_run_changed, had_state=had_state, planned=did_change or not had_state,
               restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c),
               can_roll_back=possible)
-    commit_op(plan, when=lambda: this_run_changed() or not had_state, possible=possible)
+    commit_op(plan, when=lambda: this_run_changed() or not had_state or lagging, possible=possible or lagging)
     # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
     lb.ready_op(drains=bool(drained))
+
+
+def _record_lags(plan: HostPlan, vh: dict[str, Any]) -> bool:
+    """Whether the host's recorded state differs from what is live (release, config, environment or
+    unit of an instance), read from the facts the deploy has already: no extra remote command."""
+    recorded = (vh["state"] or {}).get("current") or {}
+    if recorded.get("release") != vh["current"]:
+        return True
+    files = recorded.get("files", {})
+    for inst in plan.instances:
+        have = current().manifests.get((host.name, service.instance_paths(inst)), {})
+        for name, path in ((f"{inst.name}.yaml", inst.config_path),
+                           (f"{inst.name}.environment", inst.environment_path),
+                           (inst.unit, f"/etc/systemd/system/{inst.unit}")):
+            live = (have.get(path) or (None,))[0]
+            if name in files and live is not None and files[name] != live:
+                return True
+    return False
 
 
 @deploy("vLLM stage")

@@ -228,15 +228,25 @@ def _publish(state: dict, current: dict[str, str], previous: dict[str, str]) -> 
     """A new generation from the given files, then the one swap that makes it the state in force."""
     os.makedirs(GENS, mode=0o700, exist_ok=True)
     staging = f"{GENS}/.stage-{_unique()}"
-    os.mkdir(staging, 0o700)
-    for sub, files in (("current", current), ("previous", previous)):
-        os.mkdir(f"{staging}/{sub}", 0o700)
-        for name, src in files.items():
-            with open(src, "rb") as f:
-                _write(f"{staging}/{sub}/{name}", f.read())
-        _fsync_dir(f"{staging}/{sub}")
-    _write(f"{staging}/state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
-    _fsync_dir(staging)
+    try:
+        os.mkdir(staging, 0o700)
+        for sub, files in (("current", current), ("previous", previous)):
+            os.mkdir(f"{staging}/{sub}", 0o700)
+            for name, src in files.items():
+                with open(src, "rb") as f:
+                    _write(f"{staging}/{sub}/{name}", f.read())
+            _fsync_dir(f"{staging}/{sub}")
+        _write(f"{staging}/state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+        _fsync_dir(staging)
+    except OSError as e:  # a full file system, say: the state in force stays the last one, whole
+        shutil.rmtree(staging, ignore_errors=True)
+        needed = sum(os.path.getsize(p) for files in (current, previous) for p in files.values()
+                     if os.path.exists(p)) + 4096
+        st = os.statvfs(STATE_DIR)
+        raise SystemExit(f"cannot record this host's state in {STATE_DIR}: {e.strerror} (needed about "
+                         f"{needed} bytes, {st.f_bavail * st.f_frsize} free); nothing was recorded and "
+                         "the last recorded state is still in force: free space there and run the deploy "
+                         "again, which records what is live") from None
     n = max(_numbers(), default=0) + 1
     os.rename(staging, f"{GENS}/{n}")
     _link(f"gen/{n}", ACTIVE)  # the swap
