@@ -32,6 +32,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
+from pyinfra.operations import python
 
 from vllm_fleet.deploy import remote
 from vllm_fleet.deploy.run import current
@@ -114,16 +115,23 @@ class Held:
                 self.lost = True
                 return
 
+    def ask(self, what: str, until: tuple[str, ...]) -> str:
+        """Send one request to the host's holder and read its answer (a line starting with `until`)."""
+        try:
+            self.channel.send(what + "\n")
+            while True:
+                said = self.channel.readline()
+                if not said or said.startswith(until):
+                    return said
+        except Exception:
+            return ""
+
     def release(self) -> bool:
         self.stop.set()
         try:
-            self.channel.send("release\n")
-            said = self.channel.readline()
-        except Exception:
-            said = ""
+            return self.ask("release", ("released",)) == "released"
         finally:
             self.channel.close()
-        return said == "released"
 
 
 def _dry() -> bool:
@@ -199,6 +207,27 @@ def _at_exit() -> None:
     for held in list(_UNRELEASED.values()):
         held.release()
     _UNRELEASED.clear()
+
+
+def _still_held(state: Any, host: Any) -> bool:
+    """pyinfra's callback status: False fails the host before any operation changes it."""
+    held = current().leases.get(host.name)
+    said = held.ask("check", ("ok", "lost")) if held else "ok"
+    if said == "ok":
+        return True
+    host.log_styled(f"refused, nothing was changed: {said or 'the host lease was lost'}", fg="red",
+                    log_func=logger.error)
+    return False
+
+
+def confirm_op() -> None:
+    """Where pyinfra asks the operator to confirm (no -y), the heartbeat stops while the prompt waits
+    (the prompt blocks the process) and the lease may expire and be taken: the first operation asks the
+    host whether it is still this run's."""
+    import pyinfra
+
+    if pyinfra.is_cli and not {"-y", "--yes"} & set(sys.argv) and current().leases.get(host.name):
+        python.call(name="host lease still held", function=_still_held)
 
 
 def give_back(name: str, leases: dict[str, Held]) -> None:

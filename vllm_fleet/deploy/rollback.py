@@ -44,6 +44,7 @@ def rollback() -> None:
     if spec is None:
         return
     lease.take("rollback")
+    lease.confirm_op()
     state = host.get_fact(VllmHost)["state"] or {}
     if not state.get("previous"):
         raise Refused(f"{host.name}: nothing to roll back to: no previous deploy is recorded on this host "

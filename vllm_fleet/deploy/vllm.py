@@ -243,6 +243,7 @@ def _prepared(live: bool = True) -> tuple[HostPlan, dict[str, Any]] | None:
     if spec is None:
         return None
     lease.take("deploy" if live else "stage")  # before any fact: what it plans from is not mid-change
+    lease.confirm_op()
     plan, vh = plan_this_host(spec)
     prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],

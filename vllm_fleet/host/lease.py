@@ -17,7 +17,8 @@ next run takes it over and says whose it was. A holder that stops cleanly remove
 
 Commands:
     hold TOKEN HOLDER_JSON WAIT_S TTL_S   take the lease (waiting up to WAIT_S), then keep it while
-                                           heartbeats come on stdin ("beat"), until "release" or EOF
+                                           heartbeats come on stdin ("beat"), until "release" or EOF;
+                                           "check" answers "ok" while it is still this holder's
     show                                   print the lease, and whether it is live
     busy                                   exit 0 (saying who) while a live lease is held, else 1: the
                                            watchdog restarts nothing a run is changing
@@ -176,6 +177,14 @@ def hold(token: str, holder: dict, wait_s: float, ttl_s: float) -> int:
                     _say("lost: the lease was taken over")
                     return 4
                 last = time.monotonic()
+            elif line == b"check":  # before execution, after a pause the heartbeat may have missed
+                if renew(token):
+                    last = time.monotonic()
+                    _say("ok")
+                else:
+                    cur = read()
+                    _say("lost: the lease is now held by " + (describe(cur) if cur else "nobody"))
+                    return 4
             elif line == b"release":
                 release(token)
                 _say("released")
