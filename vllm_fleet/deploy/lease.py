@@ -170,6 +170,10 @@ def take(command: str) -> str | None:
     argv = ["python3", "-c", BOOT, "hold", tok, json.dumps(holder(command)), f"{wait_s():g}",
             f"{ttl_s():g}"]
     sudo = "sudo -H -n " if remote.connector_arguments().get("_sudo") else ""
+    # shown as pyinfra shows its own commands at -vvv (the lease's source abbreviated): one more remote
+    # command per host and run
+    logger.debug(f"[{host.name}] >>> {sudo}python3 -c <vllm_fleet/host/lease.py> hold {tok} ... "
+                 f"{wait_s():g} {ttl_s():g}")
     channel = _Channel(sudo + shlex.join(argv))
     channel.send(json.dumps(SOURCE) + "\n")
     while True:
