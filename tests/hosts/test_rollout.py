@@ -91,6 +91,43 @@ def test_good_change_goes_canary_then_waves_and_never_more_than_one_host_down(th
     assert slots > 20 and low >= 2  # the wave size is 1: never more than one host out at once
 
 
+def fleet_cmd(cmd: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), cmd, INVENTORY, *args], cwd=ROOT,
+                          env=os.environ, text=True, capture_output=True, timeout=3000)
+
+
+def test_a_fleet_rollback_in_waves_says_so_per_host_and_names_a_host_it_could_not_roll_back(three_hosts):
+    """After the rollout above (max_num_seqs 6 everywhere), `vllm-fleet rollback` over the three hosts,
+    one per wave: every host rolls back, every wave runs, exit 0. Then lab2 is given no previous state:
+    the next fleet rollback rolls lab1 back, stops at lab2 naming it and why, leaves lab3 as it was and
+    exits 1."""
+    proc = fleet_cmd("rollback", "--wave", "1")
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "rolled back: lab1, lab2, lab3" in proc.stdout and "rollback complete" in proc.stdout
+    for step in ("wave 1/3: lab1", "wave 2/3: lab2", "wave 3/3: lab3"):
+        assert step in proc.stdout
+    for h in HOSTS:
+        assert "max-num-seqs: 8" in on(h, "cat /etc/vllm/default.yaml")
+    on("lab2", "mv /var/lib/vllm-fleet/state.json /var/lib/vllm-fleet/state.json.aside && "
+               "python3 -c 'import json; s=json.load(open(\"/var/lib/vllm-fleet/state.json.aside\")); "
+               "s.pop(\"previous\", None); json.dump(s, open(\"/var/lib/vllm-fleet/state.json\", \"w\"))'")
+    third = unit_props("lab3")
+    try:
+        partial = fleet_cmd("rollback", "--wave", "1")
+    finally:
+        on("lab2", "mv /var/lib/vllm-fleet/state.json.aside /var/lib/vllm-fleet/state.json")
+    print(partial.stdout)
+    assert partial.returncode == 1, partial.stdout[-4000:]
+    assert "rolled back: lab1" in partial.stdout and "failed: lab2" in partial.stdout
+    assert "lab2: nothing to roll back to: no previous deploy is recorded" in partial.stdout
+    stopped = "rollback STOPPED at wave 2: later waves were not touched; left as they were: lab3"
+    assert stopped in partial.stdout
+    assert unit_props("lab3")["MainPID"] == third["MainPID"]
+    back = deploy()
+    assert back.rc == 0, back.output[-3000:]
+
+
 def test_failure_on_the_second_host_stops_the_rollout_and_leaves_the_third_untouched(three_hosts):
     third = unit_props("lab3")
     proc = rollout("--canary", "1", "--wave", "1", overrides={
