@@ -20,13 +20,15 @@ from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, on
 
 PAIRS = int(os.environ.get("VLLM_FLEET_TEST_PAIRS", "3"))  # bench/chaos.py runs many more
 SEQS = ("max_num_seqs", "max-num-seqs")
-WAITED = "the host lease is held by deploy: "  # the line of a run that waits (vllm_fleet/deploy/lease.py)
+WAITING = "the host lease is held by "  # the line of a run that waits (vllm_fleet/deploy/lease.py)
+WAITED = WAITING + "deploy: "
 
 
-def start(host: str, seqs: int, env: dict | None = None) -> subprocess.Popen:
-    e = {**os.environ, **(env or {}),
-         "VLLM_FLEET_TEST_OVERRIDES": json.dumps({host: {"flags": {SEQS[0]: seqs}}})}
-    return subprocess.Popen([PYINFRA, "-y", "--limit", host, INVENTORY, "deploys/vllm.py"], cwd=ROOT, env=e,
+def start(host: str, seqs: int | None, env: dict | None = None,
+          deploy_file: str = "deploys/vllm.py") -> subprocess.Popen:
+    over = {host: {"flags": {SEQS[0]: seqs}}} if seqs else {}
+    e = {**os.environ, **(env or {}), "VLLM_FLEET_TEST_OVERRIDES": json.dumps(over)}
+    return subprocess.Popen([PYINFRA, "-y", "--limit", host, INVENTORY, deploy_file], cwd=ROOT, env=e,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -125,3 +127,35 @@ def test_what_a_killed_run_left_is_removed_by_the_next_run(deployed):
     assert on(host, "ls -d " + " ".join(planted) + " 2>/dev/null; true").split() == []
     again = deploy(limit=host)
     assert again.rc == 0 and "killed run left" not in again.output
+
+
+def test_a_deploy_meets_a_rollback_and_a_stage_meets_a_deploy(deployed):
+    """deploy + rollback at once: both finish, one after the other, and the host serves what the later
+    one left (the deploy's config, or what the rollback restored), recorded as live. stage + deploy at
+    once: the stage never changes what is live, so the host serves the deploy's config either way."""
+    host = "lab2"
+    state = json.loads(on(host, "cat /var/lib/vllm-fleet/state.json"))
+    before = host_truth(host)["live"]
+    assert state.get("previous"), state
+    dep = start(host, 5)
+    time.sleep(1.0)
+    rb = start(host, None, deploy_file="deploys/rollback.py")
+    out_d, out_r = dep.communicate(timeout=900)[0], rb.communicate(timeout=900)[0]
+    assert dep.returncode == 0 and rb.returncode == 0, (out_d[-3000:], out_r[-3000:])
+    truth = host_truth(host)
+    # rollback second: back to what the deploy replaced; rollback first: the deploy's 5 on top
+    assert (WAITING in out_r) != (WAITING in out_d), (out_d[-2000:], out_r[-2000:])  # exactly one waited
+    expected = before if WAITING in out_r else "5"
+    assert truth["live"] == truth["recorded"] == expected, (truth, out_r[-2000:])
+    assert truth["lease"] == "free"
+
+    stage = start(host, 7, deploy_file="deploys/stage.py")
+    time.sleep(0.5)
+    dep = start(host, 6)
+    out_s, out_d = stage.communicate(timeout=900)[0], dep.communicate(timeout=900)[0]
+    assert stage.returncode == 0 and dep.returncode == 0, (out_s[-3000:], out_d[-3000:])
+    assert (WAITING in out_s) != (WAITING in out_d), (out_s[-2000:], out_d[-2000:])
+    truth = host_truth(host)
+    assert truth["live"] == truth["recorded"] == "6" and truth["lease"] == "free", truth
+    restore = deploy(limit=host)
+    assert restore.rc == 0, restore.output[-3000:]
