@@ -238,3 +238,12 @@ def test_a_node_whose_peer_failed_its_checks_changes_nothing() -> None:
     assert not group_intact(SimpleNamespace(failed_hosts=[worker]), head, nodes, "pair")
     assert logged == ["not changed: node(s) gpu-b of cluster pair failed before the restart, so the group "
                       "cannot form on the new config"]
+
+
+def test_a_master_port_equal_to_a_serve_port_is_refused_before_any_host_is_touched() -> None:
+    """It passed the plan and broke the deploy: the head's torch.distributed store listens on every
+    address of the head, so the API (or another instance) cannot have that port."""
+    s = {n: parse_host(n, node_data(n, cluster={"master_port": 8000})) for n in NODES}
+    found = problems(lambda: resolve(s, ADDR))
+    assert any(x.startswith("gpu-a: vllm.instances[default].flags.port: 8000 is cluster 'big''s master_port")
+               for x in found), found

@@ -162,6 +162,17 @@ def test_the_known_unsafe_switches_are_listed() -> None:
             "VLLM_DEBUG_LOG_API_SERVER_RESPONSE"} <= set(UNSAFE_ENV)
 
 
+def test_loader_and_interpreter_variables_are_refused() -> None:
+    """An inventory's LD_PRELOAD was deployed and the unit restarted with it: what the service loads is
+    its release's code, nothing an inventory names."""
+    assert {"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONUSERBASE"} <= set(UNSAFE_ENV)
+    assert "set by vllm-fleet itself" in refusal({"model": M, "env": {"PYTHONPATH": "/tmp"}})  # the guard's
+    msg = refusal({"model": M, "env": {"LD_PRELOAD": "/tmp/x.so"}})
+    assert "loads a library into every process of the service" in msg and "remove it from env" in msg
+    msg = refusal({"model": M, "env": {"LD_BIND_NOW": "1"}})
+    assert msg.startswith("lab2: vllm.instances[default].env.LD_BIND_NOW: a dynamic loader variable")
+
+
 @pytest.mark.parametrize("name", ["DB_PASSWD", "HF_AUTH", "AWS_CREDENTIALS"])
 def test_more_secret_looking_names_are_refused(name: str) -> None:
     assert "looks like a secret" in refusal({"model": M, "env": {name: "x"}})

@@ -546,3 +546,15 @@ def test_a_registry_host_is_refused_a_lock_resolved_from_the_controllers_own_fol
 def test_an_index_url_with_credentials_is_refused(url):
     with pytest.raises(SpecError, match="package_index.index_url"):
         parse_host(HOST, {"model": M, "package_index": {"index_url": url}})
+
+
+def test_uni_executor_with_more_than_one_rank_is_refused() -> None:
+    """vLLM's uni executor runs one worker; with TP or PP above 1 it hangs at start-up waiting for ranks
+    that never start. Caught by the plan, on a host of its own (nodes of a group refuse it already)."""
+    lines = refused({"model": M, "flags": {"distributed_executor_backend": "uni"}},
+                    facts=HostFacts(gpus=gpus(2)))
+    assert lines[0].startswith("gpu-07: vllm.instances[default].flags.distributed_executor_backend: 'uni' "
+                               "runs a single worker, but this instance runs tensor 2 x pipeline 1")
+    ok = plan({"model": M, "flags": {"distributed_executor_backend": "uni", "tensor_parallel_size": 1}},
+              facts=HostFacts(gpus=gpus(2)))
+    assert ok.instances[0].tensor_parallel == 1

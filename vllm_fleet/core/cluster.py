@@ -135,6 +135,12 @@ def resolve(specs: Mapping[str, HostSpec], ssh_hostnames: Mapping[str, str | Non
                 problems.append(f"{node}: vllm.cluster.address: {addr} is already the address of "
                                 f"{nodes[addresses.index(addr)]}")
             addresses.append(addr or "")
+        for node in nodes:  # the head's store listens on every address of the head: no serve port there
+            for inst in specs[node].instances:
+                if inst.flags.port == declared.master_port:
+                    problems.append(f"{node}: vllm.instances[{inst.name}].flags.port: {inst.flags.port} is "
+                                    f"cluster '{cluster}''s master_port (the head's torch.distributed "
+                                    "store); give one of them another port")
         if problems:
             continue
         for rank, node in enumerate(nodes):

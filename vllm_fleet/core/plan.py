@@ -543,6 +543,11 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
                                              f.tensor_parallel_size, heads, kv_heads)
         warnings.extend(tp_warn)
         local = tp * pp
+        if f.distributed_executor_backend == "uni" and tp * pp > 1:
+            # vLLM's UniProcExecutor runs one worker: with more ranks it waits for ranks that never start
+            raise SpecError([f"{where}.flags.distributed_executor_backend: 'uni' runs a single worker, but "
+                             f"this instance runs tensor {tp} x pipeline {pp}; vLLM would hang at start-up "
+                             "waiting for the other ranks: use 'mp' (or leave it unset)"])
     if spec.accelerator == "cuda":
         used = local
         if used < len(gpus) and inst.gpus is not None:

@@ -61,6 +61,21 @@ UNSAFE_ENV = {
                               "guard, so routes outside vLLM's own key prefixes answer without the key",
     "VLLM_RUST_FRONTEND_PATH": "runs another binary as vLLM's API frontend, outside the key guard",
 }
+# Variables that change which code or libraries the service loads: the dynamic loader's and Python's.
+# A value in the inventory would run whatever it names inside the service, beside the model and keys.
+LOADER_ENV = {
+    "LD_PRELOAD": "loads a library into every process of the service before its own",
+    "LD_LIBRARY_PATH": "makes the loader look for the service's libraries (CUDA, NCCL, torch) elsewhere",
+    "LD_AUDIT": "loads an audit library into every process of the service",
+    "PYTHONHOME": "runs the service on another Python installation",
+    "PYTHONSTARTUP": "runs a file at interpreter start (interactive only, but never wanted)",
+    "PYTHONUSERBASE": "adds a user site directory in front of the release's own packages",
+    "PYTHONBREAKPOINT": "imports and calls the named function at every breakpoint()",
+    "PYTHONINSPECT": "drops a crashed service into an interactive prompt",
+    "PYTHONEXECUTABLE": "changes which interpreter child processes start",
+}
+UNSAFE_ENV.update({k: f"{why}; the service loads only its release's code"
+                   for k, why in LOADER_ENV.items()})
 # The vllm user's home (HF cache, compile caches): the one directory it can write
 # (vllm_fleet.core.plan.STATE_DIR).
 VLLM_WRITABLE = "/var/lib/vllm"
@@ -254,6 +269,9 @@ class InstanceSpec(BaseModel):
                                  "remove it from env")
             if key in UNSAFE_ENV:
                 raise ValueError(f"@{key}: {UNSAFE_ENV[key]}; remove it from env")
+            if key.startswith("LD_"):
+                raise ValueError(f"@{key}: a dynamic loader variable changes which libraries the service "
+                                 "loads; the service loads only its release's code; remove it from env")
             if re.search(r'["\\%\n\r]', value):
                 raise ValueError(f"@{key}: quotes, backslashes, % and newlines are not allowed in unit "
                                  "environment values")
