@@ -277,3 +277,31 @@ def test_a_frontend_that_never_loads_the_guard_is_refused(name: str) -> None:
 @pytest.mark.parametrize("flag", ["grpc", "grpc-port", "grpc_port"])
 def test_the_grpc_frontend_is_refused(flag: str) -> None:
     assert "checks no API key" in refusal({"model": M, "flags": {"extra_args": {flag: True}}})
+
+
+def test_options_that_widen_what_a_key_holder_reaches_need_an_acknowledgement() -> None:
+    """`allowed-local-media-path: /` was accepted without a word: every file the service can read, to any
+    key holder of a multimodal model. Such options are refused until the instance names them in `widen`,
+    and a whole system directory is refused even then."""
+    msg = refusal({"model": M, "flags": {"extra_args": {"allowed-local-media-path": "/srv/media"}}})
+    assert msg.startswith("lab2: vllm.instances[default].flags.extra_args.allowed-local-media-path: lets "
+                          "every key holder have the server read files under that path")
+    assert "acknowledge it in this instance's widen: [allowed-local-media-path]" in msg
+    ok = parse_host("lab2", {"model": M, "widen": ["allowed-local-media-path"],
+                             "flags": {"extra_args": {"allowed-local-media-path": "/srv/media"}}})
+    assert ok.instances[0].flags.extra_args["allowed-local-media-path"] == "/srv/media"
+    msg = refusal({"model": M, "widen": ["allowed-local-media-path"],
+                   "flags": {"extra_args": {"allowed-local-media-path": "/"}}})
+    assert "would serve a whole system directory to every key holder" in msg
+    assert "is not an option that needs acknowledging" in refusal({"model": M, "widen": ["max-num-seqs"]})
+    assert "writes every request's prompt into the journal" in refusal(
+        {"model": M, "flags": {"extra_args": {"enable-log-requests": True}}})
+
+
+def test_security_doc_lists_every_option_that_needs_an_acknowledgement() -> None:
+    from pathlib import Path
+
+    from vllm_fleet.core.flags import WIDENING_FLAGS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    assert [f for f in WIDENING_FLAGS if f"`{f}`" not in doc] == []

@@ -313,6 +313,20 @@ SECRET_FLAGS = {
 }
 
 
+# extra_args that widen what any holder of the instance's key can read or make the server do, beyond
+# running the model: refused unless the instance names them in `widen` (its acknowledgement), so the
+# choice is written down where a reviewer of the inventory sees it (docs/security.md)
+WIDENING_FLAGS = {
+    "allowed-local-media-path": "lets every key holder have the server read files under that path (image, "
+                                "audio and video inputs of a multimodal model), as the vllm user",
+    "allowed-origins": "lets web pages of those origins call the API from a browser that holds a key",
+    "allow-credentials": "lets browsers send cookies and authorization with cross-origin calls",
+    "enable-log-requests": "writes every request's prompt into the journal, which more people read than "
+                           "the API's clients",
+    "tool-server": "lets the model call out to the tool servers named (MCP), on every key holder's behalf",
+}
+
+
 def flag_meta(name: str) -> dict[str, Any]:
     extra = ServeFlags.model_fields[name].json_schema_extra
     assert isinstance(extra, dict)

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from vllm_fleet.core.flags import Seq, ServeFlags, did_you_mean
+from vllm_fleet.core.flags import WIDENING_FLAGS, Seq, ServeFlags, did_you_mean
 
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
@@ -238,7 +238,30 @@ class InstanceSpec(BaseModel):
     otherwise)
     """
 
+    widen: Seq[str] = Field(default_factory=list)
+    """the `extra_args` that widen what a key holder can read or make the server do (serving files under
+    `allowed-local-media-path`, CORS, prompts in the journal, tool servers), acknowledged by name: each
+    is refused until it is listed here (docs/security.md)
+    """
+
     _known = model_validator(mode="before")(classmethod(hint_unknown))
+
+    @model_validator(mode="after")
+    def _widening_acknowledged(self) -> InstanceSpec:
+        for name in self.widen:
+            if name not in WIDENING_FLAGS:
+                raise ValueError(f"@widen: {name!r} is not an option that needs acknowledging; known: "
+                                 f"{', '.join(sorted(WIDENING_FLAGS))}")
+        for name in self.flags.extra_args:
+            if name in WIDENING_FLAGS and name not in self.widen:
+                raise ValueError(f"@flags.extra_args.{name}: {WIDENING_FLAGS[name]}; to serve with it, "
+                                 f"acknowledge it in this instance's widen: [{name}]")
+            if name == "allowed-local-media-path" and str(self.flags.extra_args[name]).rstrip("/") in (
+                    "", "/etc", "/var", "/var/lib", "/root", "/home", "/opt", "/usr", "/proc", "/sys"):
+                raise ValueError(f"@flags.extra_args.{name}: {self.flags.extra_args[name]!r} would serve a "
+                                 "whole system directory to every key holder; name the media directory "
+                                 "itself")
+        return self
 
     @field_validator("gpus")
     @classmethod
