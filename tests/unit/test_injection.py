@@ -296,6 +296,8 @@ def test_options_that_widen_what_a_key_holder_reaches_need_an_acknowledgement() 
     assert "is not an option that needs acknowledging" in refusal({"model": M, "widen": ["max-num-seqs"]})
     assert "writes every request's prompt into the journal" in refusal(
         {"model": M, "flags": {"extra_args": {"enable-log-requests": True}}})
+    off = parse_host("lab2", {"model": M, "flags": {"extra_args": {"enable-log-requests": False}}})
+    assert off.instances[0].flags.extra_args == {"enable-log-requests": False}  # off needs no acknowledging
 
 
 def test_security_doc_lists_every_option_that_needs_an_acknowledgement() -> None:

@@ -252,7 +252,9 @@ class InstanceSpec(BaseModel):
             if name not in WIDENING_FLAGS:
                 raise ValueError(f"@widen: {name!r} is not an option that needs acknowledging; known: "
                                  f"{', '.join(sorted(WIDENING_FLAGS))}")
-        for name in self.flags.extra_args:
+        for name, value in self.flags.extra_args.items():
+            if value in (False, None, "", 0, []):  # off, as its default: nothing is widened
+                continue
             if name in WIDENING_FLAGS and name not in self.widen:
                 raise ValueError(f"@flags.extra_args.{name}: {WIDENING_FLAGS[name]}; to serve with it, "
                                  f"acknowledge it in this instance's widen: [{name}]")
