@@ -111,13 +111,11 @@ def wait_for(pattern: str, host: str, since: float, limit: float = 300) -> bool:
 
 
 def veth(host: str) -> str:
-    """The controller's end of the host's link (fleetlab: ve-<host> or the like)."""
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    for line in links.splitlines():
-        name = line.split(":")[1].strip().split("@")[0]
-        if host in name:
-            return name
-    raise RuntimeError(f"no link of {host} on the controller")
+    """The controller's end of the host's link (fleetlab names it ve-<host>)."""
+    name = f"ve-{host}"
+    if subprocess.run(["ip", "link", "show", name], capture_output=True).returncode != 0:
+        raise RuntimeError(f"no link {name} on the controller")
+    return name
 
 
 def run_round(rng: random.Random, host: str, fault: str) -> dict:
