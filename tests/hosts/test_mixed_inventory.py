@@ -47,5 +47,5 @@ def test_plan_status_rollout_and_rollback_skip_the_plain_host_and_say_so(deploye
     for cmd in ("rollout", "rollback"):
         only = vllm_fleet(cmd, INVENTORY, "--limit", "lab8")
         assert only.returncode == 2, only.stdout + only.stderr
-        assert f"rollout: {NOTE}" in only.stdout and "no vLLM hosts" in only.stderr
+        assert f"{cmd}: {NOTE}" in only.stdout and "no vLLM hosts" in only.stderr
     assert on("lab8", f"ls -d {VLLM_PATHS} 2>/dev/null").split() == []
