@@ -123,12 +123,15 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
     choices = [str(s) for s in SEQS if str(s) != before]
     a, b = rng.sample(choices, 2)
     runs: list[tuple[str, str | None, subprocess.Popen, float]] = []  # (what, seqs, process, started)
+    landed = True
     if fault == "sigkill":
         p = start(host, "deploy", int(a))
         runs.append(("deploy", a, p, time.monotonic()))
         time.sleep(rng.uniform(1, 45))
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
+        else:
+            landed = False  # the run had finished: this round is two deploys one after the other
         settle(host, [p])
         follow = start(host, "deploy", int(b))  # the next operator's run takes the lease over
         runs.append(("deploy", b, follow, time.monotonic()))
@@ -143,7 +146,8 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
         since = time.time()
         p = start(host, "deploy", int(a))
         runs.append(("deploy", a, p, time.monotonic()))
-        if wait_for(r"Application startup complete|Uvicorn running", host, since):
+        landed = wait_for(r"Application startup complete|Uvicorn running", host, since)
+        if landed:
             on(host, "systemctl kill --signal=SIGKILL vllm-default.service")
     elif fault == "link-cut":
         p = start(host, "deploy", int(a))
@@ -181,7 +185,7 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
         violations.append(f"the last deploy exited 0 for max-num-seqs {last['seqs']}, the host serves {live}")
     violations += [f"a {o['what']} printed a traceback: {o['tail'][-300:]}"
                    for o in outcomes if o["traceback"]]
-    return {"host": host, "fault": fault, "before": before, "live": live,
+    return {"host": host, "fault": fault, "landed": landed, "before": before, "live": live,
             "rcs": [o["rc"] for o in outcomes], "violations": violations}
 
 
@@ -195,21 +199,25 @@ def main() -> int:
     rng = random.Random(args.seed)
     hosts, faults = args.hosts.split(","), args.faults.split(",")
     kinds: Counter[str] = Counter()
+    landed: Counter[str] = Counter()
     bad: list[str] = []
     t0 = time.monotonic()
     for i in range(1, args.rounds + 1):
         host, fault = rng.choice(hosts), rng.choice(faults)
         r = run_round(rng, host, fault)
         kinds[fault] += 1
+        landed[fault] += r["landed"]
         bad += [f"round {i} ({host}, {fault}): {v}" for v in r["violations"]]
-        print(f"round {i:3d}  {host}  {fault:20s} before {r['before']} -> {r['live']}  exit {r['rcs']}  "
-              f"{'OK' if not r['violations'] else 'VIOLATED: ' + '; '.join(r['violations'])}", flush=True)
+        label = fault + ("" if r["landed"] else " (missed)")
+        verdict = "OK" if not r["violations"] else "VIOLATED: " + "; ".join(r["violations"])
+        print(f"round {i:3d}  {host}  {label:29s} before {r['before']} -> {r['live']}  exit {r['rcs']}  "
+              f"{verdict}", flush=True)
     # the host back on the inventory's own config
     for h in hosts:
         subprocess.run([str(BIN / "pyinfra"), "-y", "--limit", h, INVENTORY, "deploys/vllm.py"], cwd=ROOT,
                        env={**os.environ, "VLLM_FLEET_TEST_OVERRIDES": "{}"}, capture_output=True)
-    print(f"\nchaos: {args.rounds} rounds in {time.monotonic() - t0:.0f} s; faults: "
-          + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    print(f"\nchaos: {args.rounds} rounds in {time.monotonic() - t0:.0f} s; faults (landed of drawn): "
+          + ", ".join(f"{k} {landed[k]}/{n}" for k, n in sorted(kinds.items())))
     print(f"violations: {len(bad)}")
     for line in bad:
         print(f"  {line}")
