@@ -33,6 +33,9 @@ def _vllm(name: str, data: dict) -> dict:
         # the lab's float16 works around the CPU build's AMX attention kernel (fleetlab.inventory); a
         # host simulating a GPU plans like a fleet's, with the dtype its compute capability picks
         merged["flags"] = {k: v for k, v in merged["flags"].items() if k != "dtype"}
+    if merged.get("accelerator") == "cuda" and "distributed_executor_backend" not in over.get("flags", {}):
+        # likewise the CPU lab's single-process executor: a GPU host with several GPUs runs vLLM's default
+        merged["flags"] = {k: v for k, v in merged["flags"].items() if k != "distributed_executor_backend"}
     return {"vllm": merged}
 
 

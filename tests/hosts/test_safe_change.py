@@ -86,6 +86,9 @@ def test_missing_model_on_one_host_rolls_back_by_itself(baseline):
 
 
 def test_controller_killed_during_install_leaves_the_old_release_current_and_a_rerun_converges(baseline):
+    # the install must happen in this test: a 0.31.0 left by an earlier session would be reused
+    on("lab1", "test \"$(readlink /opt/vllm/current)\" = releases/0.31.0-cpu || "
+               "rm -rf /opt/vllm/releases/0.31.0-cpu")
     env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps({"lab1": {"version": "0.31.0"}}),
            "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([PYINFRA, "-y", "--limit", "lab1", INVENTORY, "deploys/vllm.py"], cwd=ROOT,
