@@ -105,14 +105,12 @@ class Held:
     token: str
     channel: _Channel
     stop: threading.Event = field(default_factory=threading.Event)
-    lost: bool = False
 
     def beat(self, every: float) -> None:
         while not self.stop.wait(every):
             try:
                 self.channel.send("beat\n")
             except Exception:  # the connection is gone: the host's holder lets the lease expire
-                self.lost = True
                 return
 
     def ask(self, what: str, until: tuple[str, ...]) -> str:
@@ -197,9 +195,9 @@ def take(command: str) -> str | None:
         atexit.register(_at_exit)
     _UNRELEASED[id(held)] = held
     threading.Thread(target=held.beat, args=(max(1.0, ttl_s() / 6),), daemon=True).start()
-    run.leases[host.name] = held
-    if run.at_end("lease", lambda: None):  # once per run: give each host's lease back as it disconnects
+    if not run.leases:  # the run's first lease: give each host's back as pyinfra disconnects it
         state.add_callback_handler(_GiveBack(run.leases))
+    run.leases[host.name] = held
     return tok
 
 

@@ -31,7 +31,6 @@ from vllm_fleet.host.hoststate import UPLOADS
 SUDOERS_FILE = "/etc/sudoers.d/vllm-fleet"
 # Uploads of a non-root login, under its own home: 0700, so no other user (vllm included) ever sees a
 # file in transit; pyinfra's default temp dir (/tmp) would hold an env file world-readable meanwhile.
-UPLOAD_ROOT = UPLOADS  # <login>/ inside, one per login
 
 
 def sudoers_line(user: str) -> str:
@@ -150,14 +149,14 @@ def upload_dir() -> str | None:
     login = check_login()
     if login["uid"] == 0:
         return None
-    return f"{UPLOAD_ROOT}/{login['user']}"
+    return f"{UPLOADS}/{login['user']}"
 
 
 def make_upload_dir(path: str) -> str:
     """Root makes the login's upload directory, 0700 and the login's own, inside a root-owned 0711 one
     (nobody lists another login's uploads); `install -d` also tightens an existing directory."""
     user = shlex.quote(path.rsplit("/", 1)[-1])
-    return (f"install -d -m 0711 -o root -g root {UPLOAD_ROOT} && "
+    return (f"install -d -m 0711 -o root -g root {UPLOADS} && "
             f"install -d -m 0700 -o {user} -g \"$(id -g {user})\" {shlex.quote(path)}")
 
 

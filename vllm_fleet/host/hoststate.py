@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -565,8 +566,6 @@ def remove_leftovers() -> list[str]:
 
 def leftovers(patterns: tuple[str, ...] = LEFTOVERS) -> list[str]:
     """The paths the patterns match, dot files included (a `*` alone skips them)."""
-    import glob
-
     found: list[str] = []
     for pattern in patterns:
         head, tail = os.path.split(pattern)

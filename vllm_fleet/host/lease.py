@@ -6,8 +6,8 @@ Runs ON the host (stdlib only, Python >= 3.9). A run that changes a host (deploy
 the prune inside a deploy's commit) starts `hold` over its own SSH channel, before it reads a single
 fact: a second run meets the lease before it has planned anything from facts the first is about to
 change, waits for it up to a bound, then is refused with the holder's name. Its source comes over that
-channel's standard input, so a fresh host needs nothing installed first; hoststate.py and watchdog.py,
-which are installed, import it to check the lease.
+channel's standard input, so a fresh host needs nothing installed first. Installed beside hoststate.py,
+it is what hoststate.py imports to check the lease, and what the watchdog's unit asks (`busy`).
 
 The lease is a file, /var/lib/vllm-fleet/lease (root, 0600), naming its holder (controller, login, pid,
 command, start) and when it was last renewed. The holder renews it only when its controller's heartbeat
