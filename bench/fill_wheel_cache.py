@@ -3,9 +3,8 @@ touching the host: the download a fleet makes once per release and target, kept 
 bench/install_reuse.py's timed install."""
 
 from pyinfra import host
-
-from vllm_fleet.deploy.facts import VllmHost
-from vllm_fleet.deploy.install import fill_cache
-from vllm_fleet.deploy.vllm import plan_without_secrets
+from vllm_fleet.roles.facts import VllmHost
+from vllm_fleet.roles.install import fill_cache
+from vllm_fleet.roles.vllm import plan_without_secrets
 
 fill_cache(plan_without_secrets(), host.get_fact(VllmHost))

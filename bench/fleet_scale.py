@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 INVENTORY = str(ROOT / "inventories" / "lab.py")
-DEPLOY = "vllm_fleet.deploy.vllm.deploy_vllm"
+DEPLOY = "vllm_fleet.roles.vllm.deploy_vllm"
 BARE = str(ROOT / "bench" / "bare_fact.py")
 
 

@@ -5,6 +5,6 @@ Settings: host data `vllm_bench` or VLLM_FLEET_BENCH_* (vllm_fleet/core/benchmar
 last.
 """
 
-from vllm_fleet.deploy.bench import bench
+from vllm_fleet.roles.bench import bench
 
 bench()

@@ -1,5 +1,5 @@
 """Smoke-test what is deployed, changing nothing: `pyinfra inventories/lab.py deploys/smoke.py`."""
 
-from vllm_fleet.deploy.vllm import smoke_only
+from vllm_fleet.roles.vllm import smoke_only
 
 smoke_only()

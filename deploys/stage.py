@@ -2,6 +2,6 @@
 builds the release from its lock, stages or fetches each model and validates each config with that
 release; the deploy after it only switches and restarts."""
 
-from vllm_fleet.deploy.vllm import stage_vllm
+from vllm_fleet.roles.vllm import stage_vllm
 
 stage_vllm()

@@ -1,5 +1,5 @@
 """Deploy vLLM to every host in the inventory: `pyinfra inventories/lab.py deploys/vllm.py`."""
 
-from vllm_fleet.deploy.vllm import deploy_vllm
+from vllm_fleet.roles.vllm import deploy_vllm
 
 deploy_vllm()

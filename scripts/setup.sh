@@ -43,5 +43,5 @@ fi
 .venv/bin/pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 # pyinfra's CLI sets sys.dont_write_bytecode, so an editable install's modules were compiled from source
 # on every run (46 ms of a 1.0 s no-op deploy); compiled here they are read, and recompiled if edited
-.venv/bin/python -m compileall -q vllm_fleet fleetlab
+.venv/bin/python -m compileall -q vllm_fleet roles fleetlab
 echo "setup: done in $((SECONDS - t0)) s"

@@ -63,22 +63,22 @@ def _pyinfra(inventory: str, deploy: str, limit: str | None, **how: bool) -> int
 
 
 def _plan(args: argparse.Namespace) -> int:
-    rc = _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.plan_report", args.limit)
+    rc = _pyinfra(args.inventory, "vllm_fleet.roles.vllm.plan_report", args.limit)
     if rc or not args.diff:
         return rc
     # the deploy itself, dry, after pyinfra's change detection with diffs: the diff shown is the one a
     # deploy would apply, secrets hidden, and the hosts are left as they were
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.deploy_vllm", args.limit,
+    return _pyinfra(args.inventory, "vllm_fleet.roles.vllm.deploy_vllm", args.limit,
                     dry=True, diff=True, detect_changes=True)
 
 
 def _stage(args: argparse.Namespace) -> int:
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.stage_vllm", args.limit)
+    return _pyinfra(args.inventory, "vllm_fleet.roles.vllm.stage_vllm", args.limit)
 
 
 def _rollout(args: argparse.Namespace, deploy: str = "rollout") -> int:
     from vllm_fleet.controller import rollout  # its runner sets gevent up first, as pyinfra's CLI does
-    from vllm_fleet.deploy import rollback, vllm
+    from vllm_fleet.roles import rollback, vllm
 
     func = vllm.deploy_vllm if deploy == "rollout" else rollback.rollback
     try:
@@ -99,7 +99,7 @@ def _status(args: argparse.Namespace) -> int:
     """With --watch, the whole status again every N seconds (each round is a fresh read-only run, so
     what it shows is never older than one round) until interrupted."""
     if not args.watch:
-        return _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", args.limit)
+        return _pyinfra(args.inventory, "vllm_fleet.roles.vllm.smoke_only", args.limit)
     import time
 
     try:
@@ -107,7 +107,7 @@ def _status(args: argparse.Namespace) -> int:
             started = time.strftime("%Y-%m-%d %H:%M:%S")
             print("\033[2J\033[H", end="")  # clear the terminal, cursor home
             print(f"vllm-fleet status {args.inventory}, every {args.watch} s (Ctrl-C stops); at {started}")
-            _pyinfra(args.inventory, "vllm_fleet.deploy.vllm.smoke_only", args.limit)
+            _pyinfra(args.inventory, "vllm_fleet.roles.vllm.smoke_only", args.limit)
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
@@ -124,7 +124,7 @@ def _targets(args: argparse.Namespace) -> int:
         print(f"targets: {out.parent} is not a directory", file=sys.stderr)
         return 2
     os.environ[OUTPUT_ENV] = str(out)
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.targets.targets", args.limit)
+    return _pyinfra(args.inventory, "vllm_fleet.roles.targets.targets", args.limit)
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -135,7 +135,7 @@ def _logs(args: argparse.Namespace) -> int:
     os.environ[LINES_ENV] = str(args.lines)
     if args.instance:
         os.environ[INSTANCE_ENV] = args.instance
-    return _pyinfra(args.inventory, "vllm_fleet.deploy.logs.show_logs", args.limit)
+    return _pyinfra(args.inventory, "vllm_fleet.roles.logs.show_logs", args.limit)
 
 
 def _positive(value: str) -> int:

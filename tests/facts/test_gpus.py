@@ -1,4 +1,4 @@
-"""vllm_fleet.core.gpus and vllm_fleet.deploy.nvidia_facts on real captured nvidia-smi / kernel outputs.
+"""vllm_fleet.core.gpus and vllm_fleet.roles.nvidia_facts on real captured nvidia-smi / kernel outputs.
 
 Every GPU here is simulated by a real captured output under tests/fixtures/nvidia/ (sources in its
 INDEX.md); each case names its capture. Expected values were read from the capture by eye and are
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm_fleet.roles.nvidia_facts import NvidiaDriver, NvidiaGpus
 
 from tests.nvidia_captures import FIXTURES, capture
 from vllm_fleet.core.gpus import (
@@ -44,7 +45,6 @@ from vllm_fleet.core.gpus import (
     parse_smi_query,
     parse_smi_table,
 )
-from vllm_fleet.deploy.nvidia_facts import NvidiaDriver, NvidiaGpus
 
 # --- nvidia-smi table: driver, CUDA, GPU rows ---------------------------------------------------------
 H100 = "NVIDIA H100 80GB HBM3"

@@ -164,7 +164,7 @@ def test_plan_uses_device_minors_not_indexes_and_refuses_a_gpu_without_one(simul
     before = {h: (host_files_digest(h), unit_props(h)["MainPID"]) for h in ("lab1", "lab2")}
     simulated_gpu(capture=A100X4, q_text=permuted())
     fact = subprocess.run([PYINFRA, "--limit", "lab2", INVENTORY, "fact",
-                           "vllm_fleet.deploy.nvidia_facts.NvidiaGpus"],
+                           "vllm_fleet.roles.nvidia_facts.NvidiaGpus"],
                           cwd=ROOT, text=True, capture_output=True, timeout=300)
     assert fact.returncode == 0, fact.stdout[-3000:] + fact.stderr[-3000:]
     # each GPU's index, then its minor (pyinfra prints the fact on stderr, Gpu records as JSON objects

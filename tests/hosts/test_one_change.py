@@ -20,7 +20,7 @@ from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, on
 
 PAIRS = int(os.environ.get("VLLM_FLEET_TEST_PAIRS", "2"))  # per host; VLLM_FLEET_TEST_PAIRS=5: 10 pairs
 SEQS = ("max_num_seqs", "max-num-seqs")
-WAITING = "the host lease is held by "  # the line of a run that waits (vllm_fleet/deploy/lease.py)
+WAITING = "the host lease is held by "  # the line of a run that waits (roles/lease.py)
 WAITED = WAITING + "deploy: "
 
 

@@ -53,7 +53,7 @@ def test_the_wheel_holds_the_product_and_not_the_lab(installed):
     names = zipfile.ZipFile(wheel).namelist()
     assert "vllm_fleet/templates/vllm.service.j2" in names and "vllm_fleet/data/variants.toml" in names
     assert "vllm_fleet/host/hoststate.py" in names and "vllm_fleet/host/keyguard.py" in names
-    assert "vllm_fleet/deploy/vllm.py" in names and "vllm_fleet/core/plan.py" in names
+    assert "vllm_fleet/roles/vllm.py" in names and "vllm_fleet/core/plan.py" in names
     assert not [n for n in names if n.startswith(("fleetlab/", "tests/", "bench/"))], names
 
 
@@ -72,7 +72,7 @@ def test_the_installed_package_renders_every_file_of_a_converged_host(installed,
     compares them with the host's: a template or a script missing from the wheel fails here."""
     venv, work, _ = installed
     dry = run(venv, work, "pyinfra", "--dry", "--limit", "lab1", "inventory.py",
-              "vllm_fleet.deploy.vllm.deploy_vllm")
+              "vllm_fleet.roles.vllm.deploy_vllm")
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out[-4000:]
     assert "Traceback" not in out, out[-4000:]

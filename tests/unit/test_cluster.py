@@ -220,11 +220,11 @@ def test_cluster_nodes_share_a_wave() -> None:
 
 
 def test_a_node_whose_peer_failed_its_checks_changes_nothing() -> None:
-    """The barrier before a node group's switch and restart (vllm_fleet/deploy/service.py group_barrier):
+    """The barrier before a node group's switch and restart (roles/service.py group_barrier):
     pyinfra's
     state after the validate operation ran on every node. A failed worker fails the head (no restart
     into a group that cannot form); a failure outside the group, or none, lets the node go on."""
-    from vllm_fleet.deploy.service import group_intact
+    from vllm_fleet.roles.service import group_intact
 
     logged: list[str] = []
 

@@ -15,14 +15,14 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+from vllm_fleet.roles import install, ops
+from vllm_fleet.roles.facts import VllmHost
+from vllm_fleet.roles.vllm import Refused, deploy_vllm
 
 from fleetlab.inventory import lab_vllm
 from fleetlab.tinymodel import make_tiny_model
 from tests.unit.test_vllm_host_fact import CAPTURED_LAB1
 from vllm_fleet.core.lock import Lock
-from vllm_fleet.deploy import install, ops
-from vllm_fleet.deploy.facts import VllmHost
-from vllm_fleet.deploy.vllm import Refused, deploy_vllm
 
 KEY = "sk-decisions-test-key-0123456789"
 ROOT_LOGIN = {"user": "root", "uid": 0, "home": "/root", "sudo": "root", "sudo_says": ""}
@@ -129,11 +129,11 @@ def converged_files(monkeypatch, vllm: dict) -> dict[str, tuple]:
         return real(files, user, group, mode, paths)
 
     monkeypatch.setattr(ops, "stale", recording)
-    for module in ("vllm_fleet.deploy.service", "vllm_fleet.deploy.model", "vllm_fleet.deploy.install"):
+    for module in ("vllm_fleet.roles.service", "vllm_fleet.roles.model", "vllm_fleet.roles.install"):
         monkeypatch.setattr(f"{module}.stale", recording, raising=False)
     collect(monkeypatch, vllm, Facts(FRESH))
-    for module in ("vllm_fleet.deploy.ops", "vllm_fleet.deploy.service", "vllm_fleet.deploy.model",
-                   "vllm_fleet.deploy.install"):
+    for module in ("vllm_fleet.roles.ops", "vllm_fleet.roles.service", "vllm_fleet.roles.model",
+                   "vllm_fleet.roles.install"):
         monkeypatch.setattr(f"{module}.stale", real, raising=False)
     return wanted
 
@@ -174,10 +174,10 @@ def test_an_old_nvidia_driver_is_refused_naming_the_host(monkeypatch, model_dir)
     """A GPU host whose driver is older than every CUDA build: refused at collection, before any operation.
     The GPU is a captured L40S (tests/fixtures/nvidia/query_csv); the driver version is the old one."""
     from pyinfra.api.exceptions import PyinfraError
+    from vllm_fleet.roles.nvidia_facts import NvidiaGpus
 
     from tests.facts.test_gpus import capture
     from vllm_fleet.core.gpus import parse_driver_version, parse_query_csv
-    from vllm_fleet.deploy.nvidia_facts import NvidiaGpus
 
     gpus = parse_query_csv(capture("query_csv/ue-nvidia-l40s-595.80-idle.txt"), fields=None)
     answer = {**NvidiaGpus.default(), "gpus": gpus, "driver": parse_driver_version("470.57.02")}

@@ -104,15 +104,16 @@ def test_every_flag_the_lab_test_set_is_confirmed_by_its_real_start_up_log() -> 
 
 
 def test_the_deploys_own_remote_command_finds_both_lines(tmp_path: Path) -> None:
-    """vllm_fleet/deploy/smoke.py's command, run by a real sh (as pyinfra's sudo wrapper does: `sh -c
+    """roles/smoke.py's command, run by a real sh (as pyinfra's sudo wrapper does: `sh -c
     '...'`), with
     systemctl and journalctl replaced by scripts that print lab1's captured journal: both lines must come
     back (a grep pattern in Python's regex dialect once matched only one of them)."""
     import shlex
     import subprocess
 
+    from vllm_fleet.roles.smoke import effective_check, effective_command
+
     from vllm_fleet.core.plan import InstancePlan
-    from vllm_fleet.deploy.smoke import effective_check, effective_command
 
     journal = tmp_path / "journal.txt"
     journal.write_text("(APIServer pid=1) INFO 12-03 12:31:00 [api_server.py:1] vLLM API server version\n"
@@ -136,7 +137,7 @@ def test_the_deploys_own_remote_command_finds_both_lines(tmp_path: Path) -> None
     assert sum(1 for line in proc.stdout.splitlines() if "non-default args: " in line) == 1
     assert sum(1 for line in proc.stdout.splitlines() if " with config: " in line) == 1
 
-    import vllm_fleet.deploy.smoke as smoke_role
+    import vllm_fleet.roles.smoke as smoke_role
 
     def fake_run(command: str) -> tuple[bool, str]:
         p = subprocess.run(["sh", "-c", command.replace("/var/lib/vllm-fleet/staged", str(tmp_path))],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from vllm_fleet.roles.facts import _HUB_CACHE_PY, HubCache
 
 from vllm_fleet.controller import hub as hub_api
 from vllm_fleet.core.hub import (
@@ -21,7 +22,6 @@ from vllm_fleet.core.hub import (
     unresolved,
     wanted,
 )
-from vllm_fleet.deploy.facts import _HUB_CACHE_PY, HubCache
 from vllm_fleet.host import hubfetch
 
 SHA = "4e059744c8ca8199611e4d3b3e6035be05f82cb8"

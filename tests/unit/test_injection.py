@@ -90,7 +90,7 @@ def test_the_grpc_frontend_is_refused_on_the_host_too() -> None:
 
 
 def test_the_validator_is_told_whether_a_key_is_expected(monkeypatch) -> None:
-    import vllm_fleet.deploy.install as install
+    import vllm_fleet.roles.install as install
 
     sent: list[str] = []
     monkeypatch.setattr(install.python, "call", lambda name, function, command, label: sent.append(command))
@@ -194,7 +194,7 @@ def test_the_unit_names_only_env_files_and_they_hold_every_value() -> None:
 
 
 def test_bench_units_get_the_env_file_and_no_values_on_the_command_line() -> None:
-    from vllm_fleet.deploy.bench import _env_props
+    from vllm_fleet.roles.bench import _env_props
 
     inst = make_plan().instances[0]
     assert _env_props(inst) == ["-p", f"EnvironmentFile={inst.environment_path}",
@@ -203,7 +203,7 @@ def test_bench_units_get_the_env_file_and_no_values_on_the_command_line() -> Non
 
 # --- item 8: no digest of a secret file leaves the host ------------------------------------------------
 def manifest_lines(sums: Path, *paths: Path) -> str:
-    from vllm_fleet.deploy.ops import _MANIFEST_PY
+    from vllm_fleet.roles.ops import _MANIFEST_PY
 
     return subprocess.run([sys.executable, "-c", _MANIFEST_PY, str(sums), *map(str, paths)],
                           capture_output=True, text=True, check=True).stdout
@@ -211,7 +211,7 @@ def manifest_lines(sums: Path, *paths: Path) -> str:
 
 @pytest.fixture
 def salted(tmp_path: Path, monkeypatch):
-    import vllm_fleet.deploy.ops as ops
+    import vllm_fleet.roles.ops as ops
 
     monkeypatch.setattr(ops, "SALT", tmp_path / "ctl" / "secret-salt")
     ops._salt.cache_clear()
@@ -248,7 +248,7 @@ def test_the_digest_depends_on_the_salt(tmp_path: Path, salted) -> None:
 
 
 def test_every_secret_file_is_a_secret_path() -> None:
-    from vllm_fleet.deploy import lb, ops
+    from vllm_fleet.roles import lb, ops
 
     inst = make_plan().instances[0]
     assert ops.is_secret_path(inst.env_path) and ops.is_secret_path(lb.ENV_FILE)

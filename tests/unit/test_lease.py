@@ -51,7 +51,7 @@ def _hold(root: Path, token: str, wait: float, ttl: float) -> subprocess.Popen:
 def test_a_second_run_waits_then_is_refused_naming_the_holder_and_a_release_lets_the_next_in(tmp_path):
     first = _hold(tmp_path, "one", wait=5, ttl=30)
     assert first.stdout.readline().strip() == "held"
-    first.stdin.write("check\n")  # what a run asks before it executes (vllm_fleet/deploy/lease.py)
+    first.stdin.write("check\n")  # what a run asks before it executes (roles/lease.py)
     first.stdin.flush()
     assert first.stdout.readline().strip() == "ok"
     second = _hold(tmp_path, "two", wait=1, ttl=30)
@@ -81,7 +81,7 @@ def test_a_holder_without_heartbeats_stops_and_its_lease_expires(tmp_path):
     nxt = _hold(tmp_path, "next", wait=3, ttl=30)
     line = nxt.stdout.readline()
     assert held.returncode == 0  # the quiet one is gone: a run that paused that long finds its channel
-    # closed at its check (vllm_fleet/deploy/lease.py confirm_op) and changes nothing
+    # closed at its check (roles/lease.py confirm_op) and changes nothing
     assert line.startswith("took over the expired lease of deploy: pyinfra inv.py vllm.py by deploy@ctl-a")
     nxt.stdin.write("beat\nrelease\n")
     nxt.stdin.flush()

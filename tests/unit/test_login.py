@@ -1,12 +1,11 @@
-"""Which logins may deploy (vllm_fleet/deploy/remote.py, login_problem): pure, from the LoginAccess fact's
+"""Which logins may deploy (roles/remote.py, login_problem): pure, from the LoginAccess fact's
 answer and
 the host's resolved connector arguments. The lab proves each on real sshd and sudo (test_logins.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from vllm_fleet.deploy.remote import LoginAccess, login_problem
+from vllm_fleet.roles.remote import LoginAccess, login_problem
 
 ROOT = {"user": "root", "uid": 0, "home": "/root", "sudo": "root", "sudo_says": ""}
 DEPLOY = {"user": "deploy", "uid": 1000, "home": "/home/deploy", "sudo": "ok", "sudo_says": "0"}

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_fleet.deploy.ops import _MANIFEST_PY, Manifest
+from vllm_fleet.roles.ops import _MANIFEST_PY, Manifest
 
 
 def manifest(sums: Path, *paths: Path) -> dict[str, list[str]]:
@@ -38,7 +38,7 @@ def test_hashes_owner_and_mode_like_sha256sum_and_stat(tmp_path: Path) -> None:
 
 def record(sums: Path, *pairs: tuple[Path, str]) -> None:
     """synced_files' record command, as root runs it on the host after renaming files into place."""
-    from vllm_fleet.deploy.ops import _RECORD_PY
+    from vllm_fleet.roles.ops import _RECORD_PY
 
     subprocess.run([sys.executable, "-c", _RECORD_PY, str(sums), *(str(x) for p in pairs for x in p)],
                    check=True)
@@ -83,7 +83,7 @@ def test_fact_command_is_one_python3_call_over_every_path() -> None:
 
 
 def _fresh_controller_cache(monkeypatch, path: Path) -> None:
-    import vllm_fleet.deploy.ops as ops
+    import vllm_fleet.roles.ops as ops
 
     monkeypatch.setattr(ops, "LOCAL_SUMS", path)
     monkeypatch.setattr(ops, "_FRESH", {})
@@ -92,7 +92,7 @@ def _fresh_controller_cache(monkeypatch, path: Path) -> None:
 
 
 def test_the_controller_hashes_a_file_once_across_runs_and_again_when_it_changes(tmp_path, monkeypatch):
-    from vllm_fleet.deploy.ops import sha256
+    from vllm_fleet.roles.ops import sha256
 
     sums, f = tmp_path / "sums.json", tmp_path / "uv"
     f.write_bytes(b"uv 0.9")
@@ -115,7 +115,7 @@ def test_the_controller_hashes_a_file_once_across_runs_and_again_when_it_changes
 
 
 def test_a_file_written_just_now_is_not_stored_and_an_unwritable_cache_still_hashes(tmp_path, monkeypatch):
-    from vllm_fleet.deploy.ops import sha256
+    from vllm_fleet.roles.ops import sha256
 
     f = tmp_path / "hoststate.py"
     f.write_bytes(b"print(1)")

@@ -1,5 +1,5 @@
 """vllm_fleet/core/prometheus.py: plans -> Prometheus file_sd groups, and the atomic write of
-vllm_fleet/deploy/targets.py.
+roles/targets.py.
 The lab test tests/hosts/test_prometheus.py has a real Prometheus scrape the generated file."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_the_file_is_stable_valid_file_sd_and_the_summary_is_one_line() -> None:
 
 
 def test_write_atomically_replaces_the_file_readable_by_prometheus_and_leaves_no_temp(tmp_path) -> None:
-    from vllm_fleet.deploy.targets import write_atomically
+    from vllm_fleet.roles.targets import write_atomically
 
     out = tmp_path / "vllm.json"
     out.write_text("old")

@@ -138,7 +138,7 @@ def test_env_file_has_the_secrets_quoted() -> None:
     text = render.env_file(p.instances[0], ENV)
     body = [line for line in lines_of(text) if not line.startswith("#")]
     assert body[-1:] == [f'VLLM_API_KEY="{KEY}"']  # secrets last
-    assert HF not in text  # the HF token is only a hub fetch's (vllm_fleet/deploy/hub.py), never vLLM's
+    assert HF not in text  # the HF token is only a hub fetch's (roles/hub.py), never vLLM's
 
 
 def test_env_file_escapes_quotes_and_backslashes() -> None:

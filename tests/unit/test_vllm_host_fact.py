@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 
-from vllm_fleet.deploy.facts import VllmHost
+from vllm_fleet.roles.facts import VllmHost
 
 CAPTURED_LAB1 = """\
 ## releases

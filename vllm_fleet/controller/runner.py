@@ -2,9 +2,9 @@
 
 The steps are pyinfra's CLI's own (connect, collect every host in parallel, show the proposed
 changes, execute, print the results, disconnect), so a command acts and prints as
-`pyinfra INVENTORY vllm_fleet.deploy.vllm.deploy_vllm` would, with the same inventory loader and
+`pyinfra INVENTORY vllm_fleet.roles.vllm.deploy_vllm` would, with the same inventory loader and
 config.py. What a caller learns comes from pyinfra's State (which hosts connected, which failed) and
-the run's own record on it (vllm_fleet/deploy/run.py), never from printed text. A rollout loads the
+the run's own record on it (roles/run.py), never from printed text. A rollout loads the
 inventory once and runs each wave as one such run over its hosts.
 """
 
@@ -28,8 +28,8 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
-from vllm_fleet.deploy.lease import DRY_ATTR
-from vllm_fleet.deploy.run import FleetRun
+from vllm_fleet.roles.lease import DRY_ATTR
+from vllm_fleet.roles.run import FleetRun
 
 
 def _cli_mode() -> None:
@@ -150,7 +150,7 @@ def run(inventory: Inventory, deploy: Callable[[], Any], hosts: Iterable[str] | 
         if hosts is not None:
             limit = [inventory.get_host(name) for name in hosts]
         state.init(inventory, config, initial_limit=limit)
-        setattr(state, DRY_ATTR, dry)  # a dry run holds no host lease (vllm_fleet/deploy/lease.py)
+        setattr(state, DRY_ATTR, dry)  # a dry run holds no host lease (roles/lease.py)
         error = None
         try:
             state.set_stage(StateStage.Connect)

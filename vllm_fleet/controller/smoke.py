@@ -109,7 +109,7 @@ def holder_check(listeners: list[dict] | None, address: str, port: int, unit: st
 def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: float = 60.0,
                transport: httpx.BaseTransport | None = None) -> list[Check]:
     """The smoke test proper; `api_key` None means the instance runs without a key (no 401 check).
-    `transport` carries the requests (vllm_fleet/deploy/tunnel.py: a channel per request, no local
+    `transport` carries the requests (roles/tunnel.py: a channel per request, no local
     listener)."""
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=base_url, timeout=timeout, verify=_tls(), transport=transport) as c:

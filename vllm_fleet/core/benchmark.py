@@ -1,6 +1,6 @@
 """vLLM's own benchmark (`vllm bench serve`): its settings, its report parsed, and the batch-size sweep.
 
-Pure: vllm_fleet/deploy/bench.py runs the commands on the hosts. The report is read, not the exit code: `vllm
+Pure: roles/bench.py runs the commands on the hosts. The report is read, not the exit code: `vllm
 bench
 serve` exits 0 even when every request failed (a missing key gives 16 x 401 and rc 0), so a result
 counts only with successful requests and no failed ones.

@@ -2,7 +2,7 @@
 ``nvidia-smi -q`` and the kernel's NVRM Xid lines.
 
 Pure parsing and judging: no I/O, so every rule is tested on real captured outputs
-(tests/fixtures/nvidia, INDEX.md). The fact in ``vllm_fleet/deploy/nvidia_facts.py`` only gathers the text.
+(tests/fixtures/nvidia, INDEX.md). The fact in ``roles/nvidia_facts.py`` only gathers the text.
 
 Why: a GPU with uncorrectable memory errors, a pending row remap or one that fell off the bus lets vLLM
 start and then fails requests or the whole engine minutes later. Refusing before the deploy names the GPU

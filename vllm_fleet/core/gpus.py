@@ -1,7 +1,7 @@
 """What a host's NVIDIA GPUs and driver are, read from the text that nvidia-smi and the kernel print.
 
 Pure parsing: every function takes the text a command printed and returns values, so the facts in
-``vllm_fleet/deploy/nvidia_facts.py`` stay thin and everything here is tested on real captured outputs.
+``roles/nvidia_facts.py`` stay thin and everything here is tested on real captured outputs.
 
 Why so many input forms: the facts query ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``, but
 what operators paste (and what old hosts print) is the ``nvidia-smi`` table, ``nvidia-smi -q``,

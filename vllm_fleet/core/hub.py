@@ -1,6 +1,6 @@
 """Models from a Hugging Face-compatible hub: what a pinned revision is, where it lives on a host, and
 whether the host has room for it. Pure: the controller reads the hub (vllm_fleet/controller/hub.py), the
-host's cache is a fact (vllm_fleet/deploy/facts.py HubCache), the fetch runs on the host
+host's cache is a fact (roles/facts.py HubCache), the fetch runs on the host
 (vllm_fleet/host/hubfetch.py).
 
 Why the deploy fetches instead of vLLM: vLLM downloads at start, so a restart's downtime would include
@@ -29,7 +29,7 @@ SHA = re.compile(r"^[0-9a-f]{40}$")
 UNRESOLVED = "unresolved"  # the commit of a snapshot that read-only work (status, rollback) did not ask for
 # what vLLM never reads from a repository: other frameworks' formats, and Meta's original checkpoint
 OTHER_FORMATS = (".gguf", ".onnx", ".onnx_data", ".h5", ".msgpack", ".ot", ".tflite", ".pth", ".nemo")
-TOKEN_SUFFIX = ".hub.env"  # a secret file to vllm_fleet/deploy/ops.py (never hashed on the host)
+TOKEN_SUFFIX = ".hub.env"  # a secret file to roles/ops.py (never hashed on the host)
 
 
 @dataclass(frozen=True)

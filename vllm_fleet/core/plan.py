@@ -39,7 +39,7 @@ VLLM_USER = "vllm"  # who runs vLLM, owns STATE_DIR, and does whatever happens i
 CONFIG_DIR = "/etc/vllm"
 FLEET_STATE = "/var/lib/vllm-fleet"
 STAGED = f"{FLEET_STATE}/staged"  # configs validated before the switch, and what validation found
-SUMS = f"{FLEET_STATE}/sums.json"  # checksums of the files the deploy wrote (vllm_fleet/deploy/ops.py)
+SUMS = f"{FLEET_STATE}/sums.json"  # checksums of the files the deploy wrote (roles/ops.py)
 # One store of wheels per host, kept between releases at a fixed path (see vllm_fleet/controller/wheels.py)
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 # the stdlib-only scripts from fleet/ that run on hosts (hoststate, the validator, the watchdog)
@@ -95,7 +95,7 @@ class HostFacts:
     gpu_health: Any = None
     # the host's vllm-*.service units: an instance whose unit exists is already deployed there
     units: frozenset[str] = frozenset()
-    # entries of /dev/infiniband (vllm_fleet.deploy.nvidia_facts.NvidiaGpus "rdma_devices"); empty: no RDMA
+    # entries of /dev/infiniband (vllm_fleet.roles.nvidia_facts.NvidiaGpus "rdma_devices"); empty: no RDMA
     rdma_devices: tuple[str, ...] = ()
 
 
@@ -156,7 +156,7 @@ class InstancePlan:
     # LimitMEMLOCK, since verbs pin their buffers
     rdma_devices: tuple[str, ...] = ()
     # an hf_repo model: the commit fetched into model_dir before the restart, and the controller variable
-    # holding the token the fetch uses (vllm_fleet/deploy/hub.py)
+    # holding the token the fetch uses (roles/hub.py)
     hub: HubSnapshot | None = None
     hub_token_env: str | None = None
 
@@ -386,7 +386,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
 
     taken: set[int] = set()
     instances = []
-    # the deploy hashes what it stages (vllm_fleet/deploy/model.py); a caller that hashes nothing (the unit
+    # the deploy hashes what it stages (roles/model.py); a caller that hashes nothing (the unit
     # tests)
     # gets versions named by the source path
     digests = model_digests if model_digests is not None else {

@@ -19,7 +19,7 @@ from typing import Any
 
 from vllm_fleet.core.plan import HostPlan, InstancePlan, _is_loopback
 
-# Where vllm_fleet/deploy/targets.py is told to write the file (`vllm-fleet targets --output` sets it).
+# Where roles/targets.py is told to write the file (`vllm-fleet targets --output` sets it).
 OUTPUT_ENV = "VLLM_FLEET_TARGETS_OUTPUT"
 DEFAULT_OUTPUT = "vllm-targets.json"
 

@@ -1,4 +1,4 @@
-"""Jinja2 over vllm_fleet/templates/: the only way unit, env file and serve config are produced.
+"""Jinja2 over templates/: the only way unit, env file and serve config are produced.
 
 StrictUndefined so a template that names a field the plan lacks fails on the controller, not as a
 half-rendered unit on a host.
@@ -17,7 +17,9 @@ import yaml
 from vllm_fleet.core import lb
 from vllm_fleet.core.plan import CURRENT_LINK, HOST_TOOLS, STATE_DIR, HostPlan, InstancePlan
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# the wheel installs the top-level templates/ as vllm_fleet/templates; a checkout reads them where they are
+_PACKAGED = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "templates"
 
 
 def _to_yaml(value: object) -> str:

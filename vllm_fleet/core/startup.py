@@ -93,7 +93,7 @@ class HostPorts:
 
     @classmethod
     def from_fact(cls, vh: Mapping[str, Any]) -> HostPorts:
-        """From vllm_fleet.deploy.facts.VllmHost's output; keys a fact of an older toolkit lacks read as
+        """From vllm_fleet.roles.facts.VllmHost's output; keys a fact of an older toolkit lacks read as
         unknown."""
         raw = vh.get("listeners")
         listeners = None if raw is None else tuple(

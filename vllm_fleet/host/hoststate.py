@@ -69,7 +69,7 @@ ACTIVE = STATE_DIR + "/active"
 STATE_LINK = STATE_DIR + "/state.json"
 LEGACY_SNAPSHOTS = STATE_DIR + "/snapshots"  # the layout before generations, migrated once
 LOCK = STATE_DIR + "/lock"
-# an instance's non-secret environment (vllm_fleet/deploy/service.py), 0600: snapshotted like config and unit
+# an instance's non-secret environment (roles/service.py), 0600: snapshotted like config and unit
 ENVIRONMENT = ".environment"
 # a second deploy against the same host waits this long for the first one's command, then is refused
 LOCK_WAIT_S = float(os.environ.get("VLLM_FLEET_LOCK_WAIT_S", "120"))
@@ -82,12 +82,12 @@ MODELS = ROOT + "/opt/vllm/models"  # <name>/<digest>/
 HUB_CACHE = ROOT + "/var/lib/vllm/hf/hub"
 HUB_TOKEN = ".hub.env"  # the fetch's token beside an instance's config (vllm_fleet/core/hub.py TOKEN_SUFFIX)
 CACHE_OWNER = "vllm"  # vllm_fleet/core/plan.py VLLM_USER
-WHEELS = ROOT + "/var/cache/vllm-fleet/wheels"  # the host's wheel store (vllm_fleet/deploy/install.py)
+WHEELS = ROOT + "/var/cache/vllm-fleet/wheels"  # the host's wheel store (roles/install.py)
 UV = "/usr/local/bin/uv"
 UV_CACHE = RELEASES + "/.uv-cache"
 PENDING_S = 86400  # a wheel list sent for a release not built yet protects its wheels this long
-MANAGED = "# Managed by vllm-fleet"  # vllm_fleet/templates/vllm.service.j2's first line
-UPLOADS = ROOT + "/opt/vllm/.upload"  # a sudo login's uploads: <login>/, 0700 (vllm_fleet/deploy/remote.py)
+MANAGED = "# Managed by vllm-fleet"  # templates/vllm.service.j2's first line
+UPLOADS = ROOT + "/opt/vllm/.upload"  # a sudo login's uploads: <login>/, 0700 (roles/remote.py)
 # What a run killed midway leaves: uploads, staged files, incoming wheels and uv. Under the host lease
 # nothing else writes there, so the next run (its first operation) and every prune remove them; the
 # last is where a sudo login's uploads went before they moved beside the models.
@@ -381,7 +381,7 @@ def _record(release: str | None, files: dict[str, str]) -> dict:
         "lock": _lock_of(release),
         "files": {name: _sha(path) for name, path in files.items()},
         "instances": sorted(n[:-5] for n in files if n.endswith(".yaml")),
-        # the units a deploy may remove when their instance leaves the inventory (vllm_fleet/deploy/vllm.py)
+        # the units a deploy may remove when their instance leaves the inventory (roles/vllm.py)
         "created": sorted(n[len("vllm-"):-len(".service")] for n in files if n.endswith(".service")),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -519,7 +519,7 @@ def _prune_models(used: set[str]) -> list[str]:
     if not os.path.isdir(MODELS) or os.path.islink(MODELS):
         return removed
     for name in sorted(os.listdir(MODELS)):
-        if name.startswith("."):  # the uploads' staging directory (vllm_fleet/deploy/model.py), not a model
+        if name.startswith("."):  # the uploads' staging directory (roles/model.py), not a model
             continue
         path = os.path.join(MODELS, name)
         if os.path.islink(path) or not os.path.isdir(path):

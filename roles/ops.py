@@ -17,11 +17,11 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FileUploadCommand, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.run import current
 
 from vllm_fleet.controller.paths import CACHE_DIR
 from vllm_fleet.core.plan import SUMS
-from vllm_fleet.deploy import remote
-from vllm_fleet.deploy.run import current
 
 
 class Secret:
@@ -322,7 +322,7 @@ def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "roo
     reader ever sees a half-written file or a secret with the wrong mode, and unlike ``files.put``
     nothing of a secret's content is printed. A root login uploads straight into the staging
     directory; any other login (SFTP writes as the login, never through sudo) uploads into its own
-    0700 directory (vllm_fleet/deploy/remote.py), from which root moves the file into staging. ``--diff``
+    0700 directory (roles/remote.py), from which root moves the file into staging. ``--diff``
     shows
     each text file's change (show_diff), never a secret's.
 

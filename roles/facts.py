@@ -100,7 +100,7 @@ def _base_ok(lines: list[str]) -> bool:
     return "user-ok" in lines and all(seen.get(path) == want for path, want in BASE_DIRS.items())
 
 
-MANAGED = "# Managed by vllm-fleet"  # vllm_fleet/templates/vllm.service.j2's first line
+MANAGED = "# Managed by vllm-fleet"  # templates/vllm.service.j2's first line
 
 
 def _created(state: dict | None, managed: list[str]) -> list[str]:

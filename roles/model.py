@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_fleet.roles.ops import sha256, stale, synced_files
+
 from vllm_fleet.core.plan import MODELS_DIR, InstancePlan, model_digest
-from vllm_fleet.deploy.ops import sha256, stale, synced_files
 
 OWNER, GROUP, MODE = "root", "vllm", "640"
 # beside the models, so a large upload fills the models' file system, not /, and the final mv is a rename
@@ -43,7 +44,7 @@ def odd_names(path: str) -> list[str]:
 
 def digest(path: str) -> str:
     """The content version of a controller model directory (hashes cached across runs by
-    vllm_fleet.deploy.ops)."""
+    vllm_fleet.roles.ops)."""
     return model_digest([(f.name, sha256(str(f))) for f in source_files(path)])
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.operations import python, server
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.ops import stale, synced_files
 
 import vllm_fleet.host
 from vllm_fleet.controller import locks, wheels
@@ -34,8 +36,6 @@ from vllm_fleet.core.plan import (
     VLLM_USER,
     HostPlan,
 )
-from vllm_fleet.deploy import remote
-from vllm_fleet.deploy.ops import stale, synced_files
 
 # uv's cache beside the releases: same file system, so uv hardlinks instead of copying
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"
@@ -298,7 +298,7 @@ def switch(plan: HostPlan, current: str | None):
 def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str, marker: bytes,
              marker_path: str) -> None:
     """The new release's own vLLM checks the staged config; a rejection stops this host right here.
-    It runs with the unit's environment (vllm_fleet/deploy/service.py validator_environment), read from a
+    It runs with the unit's environment (roles/service.py validator_environment), read from a
     staged root-only file. A pass leaves `marker` (service.validation_marker) so the same config, with
     the same release, is not validated twice."""
     command = (f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"

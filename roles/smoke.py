@@ -22,14 +22,14 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
+from vllm_fleet.roles import lease, remote
+from vllm_fleet.roles.facts import LISTEN_SH, listeners_of, sections_of
+from vllm_fleet.roles.run import FleetRun, current
+from vllm_fleet.roles.tunnel import tunnel
 
 from vllm_fleet.controller import smoke
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
-from vllm_fleet.deploy import lease, remote
-from vllm_fleet.deploy.facts import LISTEN_SH, listeners_of, sections_of
-from vllm_fleet.deploy.run import FleetRun, current
-from vllm_fleet.deploy.tunnel import tunnel
 from vllm_fleet.host import effective
 from vllm_fleet.host.watchdog import probe_address
 
@@ -194,7 +194,7 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
 
 
 def port_listeners() -> list[dict] | None:
-    """The host's TCP listeners with each one's unit, read now (vllm_fleet/deploy/facts.py, as the fact reads
+    """The host's TCP listeners with each one's unit, read now (roles/facts.py, as the fact reads
     them)."""
     ok, out = run(LISTEN_SH)
     return listeners_of(sections_of(out.splitlines())) if ok else None

@@ -10,13 +10,13 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.operations import files, python, server, systemd
+from vllm_fleet.roles.ops import Secret, marker_path, stale, synced_files
+from vllm_fleet.roles.run import current
 
 from vllm_fleet.core import render
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.hub import TOKEN_SUFFIX
 from vllm_fleet.core.plan import STAGED, HostPlan, InstancePlan
-from vllm_fleet.deploy.ops import Secret, marker_path, stale, synced_files
-from vllm_fleet.deploy.run import current
 
 # vLLM reads its config's settings from these, but as root they would put caches into vllm's home
 _NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
@@ -52,7 +52,7 @@ def validation_marker(plan: HostPlan, inst: InstancePlan, lock: str) -> bytes:
 
 
 def _validator_digest() -> str:
-    from vllm_fleet.deploy.install import HOST_SRC
+    from vllm_fleet.roles.install import HOST_SRC
 
     h = hashlib.sha256()
     for name in ("validate_serve.py", "effective.py", "asuser.py"):
@@ -184,7 +184,7 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     if state.get("UnitFileState") != "enabled":
         server.shell(name=f"enable {inst.unit}", commands=[f"systemctl enable {inst.unit}"])
     if changed or state.get("ActiveState") != "active":
-        before_restart()  # a load balancer drains the host first (vllm_fleet/deploy/lb.py)
+        before_restart()  # a load balancer drains the host first (roles/lb.py)
         server.shell(name=f"restart {inst.unit}" + (" (changed)" if changed else " (was not running)"),
                      commands=[restart_command(inst.unit)])
     elif inst.node is not None:

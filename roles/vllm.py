@@ -19,6 +19,11 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra.operations import python, server
+from vllm_fleet.roles import hub, install, lb, lease, model, remote, service
+from vllm_fleet.roles.facts import HostModel, VllmHost
+from vllm_fleet.roles.ops import prefetch
+from vllm_fleet.roles.run import current
+from vllm_fleet.roles.smoke import commit_op, verify_op
 
 from vllm_fleet.controller.wheels import WheelCacheError
 from vllm_fleet.core import cluster
@@ -36,11 +41,6 @@ from vllm_fleet.core.plan import (
 from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from vllm_fleet.core.startup import HostPorts
 from vllm_fleet.core.tables import columns
-from vllm_fleet.deploy import hub, install, lb, lease, model, remote, service
-from vllm_fleet.deploy.facts import HostModel, VllmHost
-from vllm_fleet.deploy.ops import prefetch
-from vllm_fleet.deploy.run import current
-from vllm_fleet.deploy.smoke import commit_op, verify_op
 
 
 class Refused(PyinfraError):
@@ -124,7 +124,7 @@ def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
     rdma: tuple = ()
     driver = problem = health = None
     if spec.accelerator == "cuda":
-        from vllm_fleet.deploy.nvidia_facts import NvidiaGpus
+        from vllm_fleet.roles.nvidia_facts import NvidiaGpus
 
         nv = host.get_fact(NvidiaGpus)
         gpus, driver, problem, health = tuple(nv["gpus"]), nv["driver"], nv["problem"], nv.get("health")

@@ -11,10 +11,9 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host
 from pyinfra.operations import python
-
-from vllm_fleet.deploy import lb, lease, smoke
-from vllm_fleet.deploy.facts import VllmHost
-from vllm_fleet.deploy.vllm import Refused, plan_this_host, this_host
+from vllm_fleet.roles import lb, lease, smoke
+from vllm_fleet.roles.facts import VllmHost
+from vllm_fleet.roles.vllm import Refused, plan_this_host, this_host
 
 
 def _rollback(state, host, plan) -> bool:

@@ -163,4 +163,4 @@ def tunnel(host, remote_host: str, remote_port: int) -> Iterator[Tunnel]:
         t.transport.closed = True
 
 
-# --- the old way, kept until vllm_fleet/deploy/smoke.py has moved to `tunnel`
+# --- the old way, kept until roles/smoke.py has moved to `tunnel`

@@ -33,11 +33,12 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.operations import python
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.run import current
 
-from vllm_fleet.deploy import remote
-from vllm_fleet.deploy.run import current
+import vllm_fleet.host
 
-SOURCE = (Path(__file__).resolve().parent.parent / "host" / "lease.py").read_text()
+SOURCE = (Path(vllm_fleet.host.__file__).resolve().parent / "lease.py").read_text()
 WAIT_ENV, WAIT_DEFAULT = "VLLM_FLEET_LEASE_WAIT_S", 120.0  # how long a second run waits, then is refused
 TTL_ENV, TTL_DEFAULT = "VLLM_FLEET_LEASE_TTL_S", 60.0  # a lease not renewed for this long is expired
 DRY_ATTR = "_vllm_fleet_dry"  # set on the State by controller/runner.py for a dry run
