@@ -35,11 +35,11 @@ def main() -> int:
     from pyinfra.api.host import Host
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
-    from vllm_fleet.roles.vllm import deploy_vllm
 
     from fleetlab.inventory import lab_vllm
     from fleetlab.tinymodel import make_tiny_model
     from tests.unit.test_deploy_decisions import FRESH, KEY, Facts
+    from vllm_fleet.roles.vllm import deploy_vllm
 
     os.environ.setdefault("VLLM_API_KEY", KEY)
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny-llama")

@@ -3,8 +3,9 @@ touching the host: the download a fleet makes once per release and target, kept 
 bench/install_reuse.py's timed install."""
 
 from pyinfra import host
+
 from vllm_fleet.roles.facts import VllmHost
+from vllm_fleet.roles.hostplan import plan_without_secrets
 from vllm_fleet.roles.install import fill_cache
-from vllm_fleet.roles.vllm import plan_without_secrets
 
 fill_cache(plan_without_secrets(), host.get_fact(VllmHost))

@@ -21,12 +21,12 @@ import shlex
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
-from vllm_fleet.roles import remote
-from vllm_fleet.roles.run import current
-from vllm_fleet.roles.vllm import Refused, plan_without_secrets, this_host
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.core import benchmark, render
 from vllm_fleet.core.plan import STATE_DIR, HostPlan, InstancePlan
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.hostplan import Refused, plan_without_secrets, this_host
 
 
 def _rows(kind: str = "bench") -> list:

@@ -14,15 +14,15 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.operations import python, server
-from vllm_fleet.roles import remote
-from vllm_fleet.roles.facts import HubCache
-from vllm_fleet.roles.ops import Secret, marker_path, stale, synced_files
-from vllm_fleet.roles.run import current
 
 from vllm_fleet.controller import hub as hub_api
+from vllm_fleet.controller.run import current
 from vllm_fleet.core import hub
 from vllm_fleet.core.plan import HOST_TOOLS, VLLM_USER, HostPlan, InstancePlan
 from vllm_fleet.core.spec import HostSpec, InstanceSpec, SpecError
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.facts import HubCache
+from vllm_fleet.roles.ops import Secret, marker_path, stale, synced_files
 
 
 def resolved(spec: HostSpec, inst: InstanceSpec) -> hub.HubSnapshot:

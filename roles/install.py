@@ -15,8 +15,6 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.operations import python, server
-from vllm_fleet.roles import remote
-from vllm_fleet.roles.ops import stale, synced_files
 
 import vllm_fleet.host
 from vllm_fleet.controller import locks, wheels
@@ -36,6 +34,8 @@ from vllm_fleet.core.plan import (
     VLLM_USER,
     HostPlan,
 )
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.ops import stale, synced_files
 
 # uv's cache beside the releases: same file system, so uv hardlinks instead of copying
 UV_CACHE = f"{RELEASES_DIR}/.uv-cache"

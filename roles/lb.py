@@ -18,15 +18,16 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, python, server, systemd
-from vllm_fleet.roles import remote
-from vllm_fleet.roles.install import HOST_SRC
-from vllm_fleet.roles.ops import Secret, stale, synced_files
-from vllm_fleet.roles.run import current
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.core import lb as core
 from vllm_fleet.core import render
 from vllm_fleet.core.plan import HOST_TOOLS
 from vllm_fleet.core.spec import SpecError
+from vllm_fleet.roles import remote
+from vllm_fleet.roles.hostplan import Refused, inventory_specs
+from vllm_fleet.roles.install import HOST_SRC
+from vllm_fleet.roles.ops import Secret, stale, synced_files
 
 LBCTL = f"{HOST_TOOLS}/lbctl.py"
 SOCKET = "/run/vllm-fleet-lb.sock"
@@ -49,8 +50,6 @@ def balancers() -> dict[str, core.Balancer]:
 
 
 def _balancers() -> dict[str, core.Balancer]:
-    from vllm_fleet.roles.vllm import Refused, inventory_specs
-
     lbs = {h.name: h.data.get("vllm_lb") for h in inventory if h.data.get("vllm_lb") is not None}
     if not lbs:
         return {}

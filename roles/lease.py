@@ -33,15 +33,14 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.operations import python
-from vllm_fleet.roles import remote
-from vllm_fleet.roles.run import current
 
 import vllm_fleet.host
+from vllm_fleet.controller.run import DRY_ATTR, current
+from vllm_fleet.roles import remote
 
 SOURCE = (Path(vllm_fleet.host.__file__).resolve().parent / "lease.py").read_text()
 WAIT_ENV, WAIT_DEFAULT = "VLLM_FLEET_LEASE_WAIT_S", 120.0  # how long a second run waits, then is refused
 TTL_ENV, TTL_DEFAULT = "VLLM_FLEET_LEASE_TTL_S", 60.0  # a lease not renewed for this long is expired
-DRY_ATTR = "_vllm_fleet_dry"  # set on the State by controller/runner.py for a dry run
 # the holder reads its own source from the channel (a fresh host has nothing of ours installed yet);
 # os.read, not sys.stdin: a buffered read could swallow the heartbeats behind it
 BOOT = ("import json,os,sys\nb=b''\nwhile not b.endswith(b'\\n'):\n c=os.read(0,65536)\n"

@@ -7,11 +7,11 @@ import os
 
 from pyinfra import host, inventory, state
 from pyinfra.api import FactBase, deploy
-from vllm_fleet.roles.run import current
-from vllm_fleet.roles.vllm import Refused, inventory_specs, this_host
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.core import logs
 from vllm_fleet.core.spec import skipped_note
+from vllm_fleet.roles.hostplan import Refused, inventory_specs, this_host
 
 
 class Journal(FactBase):

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_fleet.roles.ops import sha256, stale, synced_files
-
 from vllm_fleet.core.plan import MODELS_DIR, InstancePlan, model_digest
+from vllm_fleet.roles.ops import sha256, stale, synced_files
 
 OWNER, GROUP, MODE = "root", "vllm", "640"
 # beside the models, so a large upload fills the models' file system, not /, and the final mv is a rename

@@ -17,11 +17,11 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FileUploadCommand, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
-from vllm_fleet.roles import remote
-from vllm_fleet.roles.run import current
 
 from vllm_fleet.controller.paths import CACHE_DIR
+from vllm_fleet.controller.run import current
 from vllm_fleet.core.plan import SUMS
+from vllm_fleet.roles import remote
 
 
 class Secret:

@@ -23,8 +23,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.exceptions import PyinfraError
-from vllm_fleet.roles.run import current
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.host.hoststate import UPLOADS
 
 # What the docs tell an operator to install on each host for the login (docs/operations.md).

@@ -11,9 +11,10 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host
 from pyinfra.operations import python
+
 from vllm_fleet.roles import lb, lease, smoke
 from vllm_fleet.roles.facts import VllmHost
-from vllm_fleet.roles.vllm import Refused, plan_this_host, this_host
+from vllm_fleet.roles.hostplan import Refused, plan_this_host, this_host
 
 
 def _rollback(state, host, plan) -> bool:

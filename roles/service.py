@@ -10,13 +10,13 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.operations import files, python, server, systemd
-from vllm_fleet.roles.ops import Secret, marker_path, stale, synced_files
-from vllm_fleet.roles.run import current
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.core import render
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.hub import TOKEN_SUFFIX
 from vllm_fleet.core.plan import STAGED, HostPlan, InstancePlan
+from vllm_fleet.roles.ops import Secret, marker_path, stale, synced_files
 
 # vLLM reads its config's settings from these, but as root they would put caches into vllm's home
 _NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}

@@ -22,16 +22,16 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
-from vllm_fleet.roles import lease, remote
-from vllm_fleet.roles.facts import LISTEN_SH, listeners_of, sections_of
-from vllm_fleet.roles.run import FleetRun, current
-from vllm_fleet.roles.tunnel import tunnel
 
 from vllm_fleet.controller import smoke
+from vllm_fleet.controller.run import FleetRun, current
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
 from vllm_fleet.host import effective
 from vllm_fleet.host.watchdog import probe_address
+from vllm_fleet.roles import lease, remote
+from vllm_fleet.roles.facts import LISTEN_SH, listeners_of, sections_of
+from vllm_fleet.roles.tunnel import tunnel
 
 HOSTSTATE_SCRIPT = f"python3 {HOST_TOOLS}/hoststate.py"
 

@@ -19,12 +19,12 @@ from typing import Any
 from pyinfra import host, inventory, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
-from vllm_fleet.roles.facts import VllmHost
-from vllm_fleet.roles.run import current
-from vllm_fleet.roles.vllm import inventory_specs, plan_without_secrets, this_host
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.core import prometheus
 from vllm_fleet.core.plan import HostPlan
+from vllm_fleet.roles.facts import VllmHost
+from vllm_fleet.roles.hostplan import inventory_specs, plan_without_secrets, this_host
 
 
 def output_path() -> str:

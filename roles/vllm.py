@@ -10,187 +10,37 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
 from pyinfra.operations import python, server
-from vllm_fleet.roles import hub, install, lb, lease, model, remote, service
-from vllm_fleet.roles.facts import HostModel, VllmHost
-from vllm_fleet.roles.ops import prefetch
-from vllm_fleet.roles.run import current
-from vllm_fleet.roles.smoke import commit_op, verify_op
 
+from vllm_fleet.controller.run import current
 from vllm_fleet.controller.wheels import WheelCacheError
-from vllm_fleet.core import cluster
-from vllm_fleet.core import hub as core_hub
 from vllm_fleet.core.lock import LockError
-from vllm_fleet.core.modelinfo import weight_bytes_from_dir
 from vllm_fleet.core.plan import (
     STAGED,
-    HostFacts,
     HostPlan,
     InstancePlan,
     missing_secrets,
-    plan_host,
 )
-from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
-from vllm_fleet.core.startup import HostPorts
+from vllm_fleet.core.spec import SpecError, is_vllm_host
 from vllm_fleet.core.tables import columns
-
-
-class Refused(PyinfraError):
-    """Bad input or an unfit host: pyinfra prints the message without a traceback and exits non-zero."""
-
-
-def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
-    """Every host of the inventory validated, once per run (the first host's collection does it)."""
-    run = current()
-    if run.specs is None:
-        try:
-            specs = parse_inventory(
-                (h.name, h.data.get("vllm"), h.data.get("vllm_defaults")) for h in inventory
-            )
-            run.nodes.update(cluster.resolve(specs, {h.name: h.data.get("ssh_hostname") or h.name
-                                                     for h in inventory}))
-        except SpecError as e:
-            raise Refused("inventory refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
-        run.skipped[:] = [h.name for h in inventory if not is_vllm_host(h.data.get("vllm"))]
-        if run.skipped:
-            logger.info(f"vllm-fleet: {skipped_note(run.skipped)}")
-        run.specs = specs
-    if check_secrets:  # every time it is asked: a read-only caller may have parsed the inventory first
-        missing = [p for name, spec in run.specs.items() for inst in spec.instances
-                   for p in missing_secrets(name, inst, os.environ)]
-        if missing:
-            raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
-    return run.specs
-
-
-def skipped_hosts_note() -> str:
-    """The line every vLLM command ends its table with when the inventory has other hosts."""
-    skipped = current().skipped
-    return f"\n{skipped_note(skipped)}" if skipped else ""
-
-
-def _model_facts(spec: HostSpec, hub_reads: bool = True) -> tuple[dict[str, dict[str, Any]],
-                                                                  dict[str, int | None], dict[str, str],
-                                                                  dict[str, Any]]:
-    """config.json and weight size of each model (TP rule, memory preflight), a staged model's content
-    digest (its host directory), and a hub model's commit: staged models read on the controller,
-    host_path models on the host, hub models from the hub at the commit the host will fetch (only when
-    `hub_reads`: work that reads what is deployed must not depend on the hub being up)."""
-    configs, weights, digests, snapshots = {}, {}, {}, {}
-    problems = []
-    for inst in spec.instances:
-        if inst.model.hf_repo and not hub_reads:
-            snapshots[inst.name] = core_hub.unresolved(inst.model.hf_repo, inst.model.revision,
-                                                       spec.hf_endpoint)
-        elif inst.model.hf_repo:
-            try:
-                snapshots[inst.name] = hub.resolved(spec, inst)
-            except SpecError as e:
-                problems.extend(e.problems)
-        if inst.model.path:
-            cfg = Path(inst.model.path) / "config.json"
-            if not cfg.exists():
-                raise Refused(f"refused, nothing was changed:\n  {host.name}: vllm.instances[{inst.name}]"
-                              f".model.path: {cfg} does not exist on the controller")
-            odd = model.odd_names(inst.model.path)
-            if odd:
-                raise Refused(f"refused, nothing was changed:\n  {host.name}: vllm.instances[{inst.name}]"
-                              f".model.path: {inst.model.path} holds file names with control characters "
-                              f"({', '.join(odd)}): rename or remove those files")
-            configs[inst.name] = json.loads(cfg.read_text())
-            weights[inst.name] = weight_bytes_from_dir(inst.model.path)
-            digests[inst.name] = model.digest(inst.model.path)
-        elif inst.model.host_path:
-            found = host.get_fact(HostModel, path=inst.model.host_path)
-            if found.get("config"):
-                configs[inst.name] = found["config"]
-                weights[inst.name] = found.get("weight_bytes")
-    if problems:
-        raise SpecError(problems)
-    return configs, weights, digests, snapshots
-
-
-def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
-    vh = host.get_fact(VllmHost)
-    gpus: tuple = ()
-    rdma: tuple = ()
-    driver = problem = health = None
-    if spec.accelerator == "cuda":
-        from vllm_fleet.roles.nvidia_facts import NvidiaGpus
-
-        nv = host.get_fact(NvidiaGpus)
-        gpus, driver, problem, health = tuple(nv["gpus"]), nv["driver"], nv["problem"], nv.get("health")
-        rdma = tuple(nv.get("rdma_devices", ()))
-    return HostFacts(gpus=gpus, driver=driver, nvidia_problem=problem,
-                     cpu_flags=frozenset(vh["cpu_flags"]), interfaces=vh["interfaces"],
-                     ip_filtering=vh["ip_filtering"], ports=HostPorts.from_fact(vh),
-                     gpu_health=health, units=frozenset(vh.get("units", ())), rdma_devices=rdma), vh
-
-
-def this_host(check_secrets: bool = True) -> HostSpec | None:
-    """This host's spec, its login checked (before any command as root); None for a host that is not
-    a vLLM host, which every vLLM deploy then leaves alone."""
-    spec = inventory_specs(check_secrets).get(host.name)
-    if spec is not None:
-        remote.check_login()
-    return spec
-
-
-def _required(spec: HostSpec | None, check_secrets: bool) -> HostSpec:
-    spec = spec or this_host(check_secrets)
-    if spec is None:
-        raise Refused(f"{host.name}: not a vLLM host (no vllm data)")
-    return spec
-
-
-def plan_this_host(spec: HostSpec | None = None, hub_reads: bool = True) -> tuple[HostPlan, dict[str, Any]]:
-    spec = _required(spec, True)
-    facts, vh = host_facts(spec)
-    try:
-        plan = _plan(spec, facts, os.environ, hub_reads)
-    except SpecError as e:
-        raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
-    for w in plan.warnings:
-        logger.warning(w)
-    return plan, vh
-
-
-def _plan(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str], hub_reads: bool = True) -> HostPlan:
-    """The one planning call every entry point makes (deploy, plan, status, bench); SpecError or Refused.
-    Without `hub_reads` a hub model's commit stays unresolved (read-only work: status, rollback)."""
-    configs, weights, digests, snapshots = _model_facts(spec, hub_reads)
-    plan = plan_host(host.name, spec, facts, environ, configs, weight_bytes=weights,
-                     node=current().nodes.get(host.name), model_digests=digests, hub=snapshots)
-    refused = hub.disk_refusals(plan) if hub_reads else []
-    if refused:
-        raise SpecError(refused)
-    return plan
-
-
-def controller_environ(spec: HostSpec) -> dict[str, str]:
-    """The environment every command plans with: the controller's own (index settings, find-links, the
-    unit's variables), the deploy's exactly. A secret that is not set gets a placeholder, for read-only
-    work that never sends it (plan, status, targets, bench); the plan names what is missing instead."""
-    secrets = [v for i in spec.instances for v in (i.api_key_env, i.hf_token_env) if v]
-    return {**os.environ, **{v: "-" for v in secrets if not os.environ.get(v)}}
-
-
-def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
-    """The deploy's own plan for this host, for read-only work that needs no key on the controller."""
-    spec = _required(spec, False)
-    facts, _ = host_facts(spec)
-    try:
-        return _plan(spec, facts, controller_environ(spec), hub_reads=False)
-    except SpecError as e:
-        raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
+from vllm_fleet.roles import hub, install, lb, lease, model, remote, service
+from vllm_fleet.roles.hostplan import (
+    Refused,
+    controller_environ,
+    host_facts,
+    plan_for,
+    plan_this_host,
+    skipped_hosts_note,
+    this_host,
+)
+from vllm_fleet.roles.ops import prefetch
+from vllm_fleet.roles.smoke import commit_op, verify_op
 
 
 def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, lock: str) -> bool:
@@ -393,7 +243,7 @@ def plan_report() -> None:
     try:
         if missing:  # checked by name, never shown: the deploy would refuse this host for it
             raise SpecError(missing)
-        plan = _plan(spec, facts, controller_environ(spec))
+        plan = plan_for(spec, facts, controller_environ(spec))
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
         # an operation that fails without touching the host: pyinfra exits non-zero once every host's

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import yaml
 from pyinfra import host
-from vllm_fleet.roles.install import FLEET_SRC, HOST_SCRIPTS, HOST_TOOLS
-from vllm_fleet.roles.vllm import plan_this_host
 
 from vllm_fleet.controller import wheels
 from vllm_fleet.core import render
 from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, STAGED, STATE_DIR
+from vllm_fleet.roles.hostplan import plan_this_host
+from vllm_fleet.roles.install import FLEET_SRC, HOST_SCRIPTS, HOST_TOOLS
 
 out = Path(os.environ["VLLM_FLEET_RENDER_DIR"]) / host.name
 files = out / "files"

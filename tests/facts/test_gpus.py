@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_fleet.roles.nvidia_facts import NvidiaDriver, NvidiaGpus
 
 from tests.nvidia_captures import FIXTURES, capture
 from vllm_fleet.core.gpus import (
@@ -45,6 +44,7 @@ from vllm_fleet.core.gpus import (
     parse_smi_query,
     parse_smi_table,
 )
+from vllm_fleet.roles.nvidia_facts import NvidiaDriver, NvidiaGpus
 
 # --- nvidia-smi table: driver, CUDA, GPU rows ---------------------------------------------------------
 H100 = "NVIDIA H100 80GB HBM3"

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_fleet.roles.bench import trial_script
 
 from tests.unit.test_render import M, make_plan
 from vllm_fleet.core import render
 from vllm_fleet.core.benchmark import BenchSettings, Trial
+from vllm_fleet.roles.bench import trial_script
 
 DATA = {"model": M, "api_key_env": "FLEET_KEY"}
 

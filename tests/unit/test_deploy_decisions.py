@@ -15,14 +15,15 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
-from vllm_fleet.roles import install, ops
-from vllm_fleet.roles.facts import VllmHost
-from vllm_fleet.roles.vllm import Refused, deploy_vllm
 
 from fleetlab.inventory import lab_vllm
 from fleetlab.tinymodel import make_tiny_model
 from tests.unit.test_vllm_host_fact import CAPTURED_LAB1
 from vllm_fleet.core.lock import Lock
+from vllm_fleet.roles import install, ops
+from vllm_fleet.roles.facts import VllmHost
+from vllm_fleet.roles.hostplan import Refused
+from vllm_fleet.roles.vllm import deploy_vllm
 
 KEY = "sk-decisions-test-key-0123456789"
 ROOT_LOGIN = {"user": "root", "uid": 0, "home": "/root", "sudo": "root", "sudo_says": ""}
@@ -174,10 +175,10 @@ def test_an_old_nvidia_driver_is_refused_naming_the_host(monkeypatch, model_dir)
     """A GPU host whose driver is older than every CUDA build: refused at collection, before any operation.
     The GPU is a captured L40S (tests/fixtures/nvidia/query_csv); the driver version is the old one."""
     from pyinfra.api.exceptions import PyinfraError
-    from vllm_fleet.roles.nvidia_facts import NvidiaGpus
 
     from tests.facts.test_gpus import capture
     from vllm_fleet.core.gpus import parse_driver_version, parse_query_csv
+    from vllm_fleet.roles.nvidia_facts import NvidiaGpus
 
     gpus = parse_query_csv(capture("query_csv/ue-nvidia-l40s-595.80-idle.txt"), fields=None)
     answer = {**NvidiaGpus.default(), "gpus": gpus, "driver": parse_driver_version("470.57.02")}

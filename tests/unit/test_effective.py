@@ -111,9 +111,8 @@ def test_the_deploys_own_remote_command_finds_both_lines(tmp_path: Path) -> None
     import shlex
     import subprocess
 
-    from vllm_fleet.roles.smoke import effective_check, effective_command
-
     from vllm_fleet.core.plan import InstancePlan
+    from vllm_fleet.roles.smoke import effective_check, effective_command
 
     journal = tmp_path / "journal.txt"
     journal.write_text("(APIServer pid=1) INFO 12-03 12:31:00 [api_server.py:1] vLLM API server version\n"

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from vllm_fleet.roles.nvidia_facts import MARK, NvidiaGpus
 
 from tests.nvidia_captures import FIXTURES, capture
-from vllm_fleet.core.gpuhealth import HealthReport, parse_smi_health, parse_xids, pci_key, verdict
-from vllm_fleet.core.gpus import Gpu, parse_smi_query
+from vllm_fleet.core.gpuhealth import HealthReport, parse_smi_health, parse_xids, verdict
+from vllm_fleet.core.gpus import Gpu, parse_smi_query, pci_key
 from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
 from vllm_fleet.core.spec import SpecError, parse_host
+from vllm_fleet.roles.nvidia_facts import MARK, NvidiaGpus
 
 HOST = "gpu-31"
 ENV = {"VLLM_API_KEY": "k"}

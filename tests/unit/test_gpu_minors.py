@@ -16,7 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from vllm_fleet.roles.nvidia_facts import NvidiaGpus
 
 from tests.facts.test_gpus import run_fact
 from vllm_fleet.core import render
@@ -24,6 +23,7 @@ from vllm_fleet.core.cluster import resolve
 from vllm_fleet.core.gpus import Gpu, parse_proc_minors, parse_smi_minors, parse_smi_table, with_minors
 from vllm_fleet.core.plan import HostFacts, plan_host
 from vllm_fleet.core.spec import SpecError, parse_host
+from vllm_fleet.roles.nvidia_facts import NvidiaGpus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
 A100_Q = "smi_q/a100-sxm4-80gb-x4-555.42.02-minors-3-to-6-FRAGMENT.txt"

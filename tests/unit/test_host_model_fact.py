@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
-from vllm_fleet.roles.facts import HostModel
-
 from fleetlab.tinymodel import make_tiny_model
 from vllm_fleet.core.modelinfo import weight_bytes_from_dir
+from vllm_fleet.roles.facts import HostModel
 
 
 def run(path: str) -> dict:

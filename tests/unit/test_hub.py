@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from vllm_fleet.roles.facts import _HUB_CACHE_PY, HubCache
 
 from vllm_fleet.controller import hub as hub_api
 from vllm_fleet.core.hub import (
@@ -23,6 +22,7 @@ from vllm_fleet.core.hub import (
     wanted,
 )
 from vllm_fleet.host import hubfetch
+from vllm_fleet.roles.facts import _HUB_CACHE_PY, HubCache
 
 SHA = "4e059744c8ca8199611e4d3b3e6035be05f82cb8"
 # olah 0.5.4's answer for the lab's repository (`/api/models/<repo>/tree/<sha>?recursive=true`), trimmed,

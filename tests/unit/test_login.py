@@ -5,6 +5,7 @@ the host's resolved connector arguments. The lab proves each on real sshd and su
 from __future__ import annotations
 
 import pytest
+
 from vllm_fleet.roles.remote import LoginAccess, login_problem
 
 ROOT = {"user": "root", "uid": 0, "home": "/root", "sudo": "root", "sudo_says": ""}

@@ -7,7 +7,6 @@ import os
 import subprocess
 
 import pytest
-from vllm_fleet.roles.logs import Journal
 
 from vllm_fleet.core.logs import (
     DEFAULT_LINES,
@@ -20,6 +19,7 @@ from vllm_fleet.core.logs import (
     split_output,
     watchdog_unit,
 )
+from vllm_fleet.roles.logs import Journal
 
 
 def test_each_instance_reads_its_unit_and_its_watchdog_merged() -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 
-from vllm_fleet.roles.vllm import controller_environ
-
 from vllm_fleet.core.plan import index_settings
 from vllm_fleet.core.spec import parse_inventory
 from vllm_fleet.core.variants import load_table
+from vllm_fleet.roles.hostplan import controller_environ
 
 
 def test_the_plan_keeps_the_controllers_settings_and_fills_only_the_secrets_that_are_missing(monkeypatch):

@@ -3,10 +3,9 @@ listeners' cgroups in the form the VllmHost fact captured on this project's dev 
 
 from __future__ import annotations
 
-from vllm_fleet.roles.facts import listeners_of, sections_of
-
 from tests.unit.test_startup import SS_DEV
 from vllm_fleet.controller.smoke import holder_check
+from vllm_fleet.roles.facts import listeners_of, sections_of
 
 
 def listeners(text: str = SS_DEV) -> list[dict] | None:

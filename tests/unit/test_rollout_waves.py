@@ -116,10 +116,9 @@ def test_a_run_where_no_host_connected_still_names_each_host_unreachable(tmp_pat
     says which hosts did not connect. A real connection attempt to a closed local port."""
     import socket
 
-    from vllm_fleet.roles.vllm import deploy_vllm
-
     from vllm_fleet.controller import runner
     from vllm_fleet.controller.rollout import _classify, outcome_of
+    from vllm_fleet.roles.vllm import deploy_vllm
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -140,9 +139,9 @@ def test_two_runs_in_one_process_keep_their_own_record_and_connections(tmp_path,
     from pyinfra import host
     from pyinfra.api import deploy
     from pyinfra.facts.server import Hostname
-    from vllm_fleet.roles.run import current
 
     from vllm_fleet.controller import runner
+    from vllm_fleet.controller.run import current
 
     @deploy("probe")
     def probe() -> None:

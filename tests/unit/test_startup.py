@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from vllm_fleet.roles.facts import VllmHost
 
 from tests.nvidia_captures import capture
 from vllm_fleet.core.flags import ServeFlags, render_flags
@@ -30,6 +29,7 @@ from vllm_fleet.core.startup import (
     quant_table,
     startup_refusals,
 )
+from vllm_fleet.roles.facts import VllmHost
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 HOST, INST = "gpu-07", "chat"

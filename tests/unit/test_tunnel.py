@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import httpx
 import paramiko
 import pytest
+
 from vllm_fleet.roles.tunnel import URL, StreamTransport, tunnel
 
 KEY = "sk-tunnel-test"

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_fleet.controller import runner  # before pyinfra itself: gevent, as pyinfra's CLI sets it up
+from vllm_fleet.controller.run import FleetRun
 from vllm_fleet.core.spec import is_vllm_host, skipped_note
 from vllm_fleet.core.tables import columns
-from vllm_fleet.roles.run import FleetRun
 
 if TYPE_CHECKING:
     from pyinfra.api import Inventory
@@ -146,7 +146,7 @@ def outcome_of(result: runner.Result) -> dict[str, Any]:
 
 
 def _classify(host: str, outcome: Mapping, error: str | None = None) -> tuple[str, str]:
-    """A host's outcome from what the run recorded (roles/run.py), not from printed text."""
+    """A host's outcome from what the run recorded (vllm_fleet/controller/run.py), not from printed text."""
     mine = [r for r in outcome.get("smoke", []) if r["host"] == host]
     seen = outcome.get("hosts", {}).get(host)
     if seen is None:
@@ -164,13 +164,11 @@ def _classify(host: str, outcome: Mapping, error: str | None = None) -> tuple[st
     return "failed", (reason or (error or "")[:300] or "pyinfra failed the host")
 
 
-def run(inventory: str, deploy: Callable[[], Any] | None = None, canary: int = 1, wave: str = "1",
+def run(inventory: str, deploy: Callable[[], Any], canary: int = 1, wave: str = "1",
         max_unavailable: int | None = None, limit: str | None = None,
         log: Callable[[str], None] = print, what: str = "rollout") -> RolloutResult:
-    """deploy: the @deploy function each wave runs (default: the vLLM deploy); what: "rollback" when
-    it is the rollback deploy, for which a host rolled back is the success it asked for."""
-    if deploy is None:
-        from vllm_fleet.roles.vllm import deploy_vllm as deploy
+    """deploy: the @deploy function each wave runs (the vLLM deploy, or the rollback); what: "rollback"
+    when it is the rollback deploy, for which a host rolled back is the success it asked for."""
     stops = STOPS_ROLLBACK if what == "rollback" else STOPS_ROLLOUT
     inv = runner.load_inventory(inventory)
     hosts, skipped = inventory_hosts(inv, limit)

@@ -4,7 +4,7 @@ The steps are pyinfra's CLI's own (connect, collect every host in parallel, show
 changes, execute, print the results, disconnect), so a command acts and prints as
 `pyinfra INVENTORY vllm_fleet.roles.vllm.deploy_vllm` would, with the same inventory loader and
 config.py. What a caller learns comes from pyinfra's State (which hosts connected, which failed) and
-the run's own record on it (roles/run.py), never from printed text. A rollout loads the
+the run's own record on it (vllm_fleet/controller/run.py), never from printed text. A rollout loads the
 inventory once and runs each wave as one such run over its hosts.
 """
 
@@ -28,8 +28,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
-from vllm_fleet.roles.lease import DRY_ATTR
-from vllm_fleet.roles.run import FleetRun
+from vllm_fleet.controller.run import DRY_ATTR, FleetRun
 
 
 def _cli_mode() -> None:

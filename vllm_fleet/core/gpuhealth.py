@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.gpus import Gpu, pci_key
 
 _NA = {"", "N/A", "[N/A]", "Not Supported", "[Not Supported]", "Unknown Error"}
 
@@ -55,19 +55,6 @@ UNUSABLE_XIDS: Mapping[int, str] = {
 # kernel log keeps them until a reboot, so refusing on them would outlast the `nvidia-smi -r` that fixed
 # the GPU.
 MEMORY_XIDS = frozenset({48, 63, 64, 95})
-
-
-# --- PCI bus ids ----------------------------------------------------------------------------------------
-_PCI = re.compile(r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?")
-
-
-def pci_key(bus_id: str) -> str | None:
-    """One spelling for a PCI address: nvidia-smi prints ``00000000:3B:00.0`` (8-digit domain, upper
-    case, function), the kernel ``0000:3b:00`` (4-digit domain, lower case, no function)."""
-    match = _PCI.fullmatch(bus_id.strip())
-    if not match:
-        return None
-    return f"{int(match[1], 16):04x}:{match[2].lower()}:{match[3].lower()}"
 
 
 # --- nvidia-smi -q --------------------------------------------------------------------------------------

@@ -419,15 +419,25 @@ _Q_UUID = re.compile(r"^ {4}GPU UUID\s*:\s*(GPU-\S+)\s*$", re.M)
 _PROC_LINE = re.compile(r"^(GPU UUID|Bus Location|Device Minor)\s*:\s*(\S+)\s*$")
 
 
-def _bus_key(bus_id: str) -> str | None:
-    from vllm_fleet.core.gpuhealth import pci_key  # that module imports this one
+_PCI = re.compile(r"(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?")
 
+
+def pci_key(bus_id: str) -> str | None:
+    """One spelling for a PCI address: nvidia-smi prints ``00000000:3B:00.0`` (8-digit domain, upper
+    case, function), the kernel ``0000:3b:00`` (4-digit domain, lower case, no function)."""
+    match = _PCI.fullmatch(bus_id.strip())
+    if not match:
+        return None
+    return f"{int(match[1], 16):04x}:{match[2].lower()}:{match[3].lower()}"
+
+
+def _bus_key(bus_id: str) -> str | None:
     return pci_key(bus_id)
 
 
 def parse_smi_minors(text: str) -> dict[str, int]:
     """Device minors from ``nvidia-smi -q`` ("Minor Number" under each ``GPU <bus id>``), keyed by PCI key
-    (``vllm_fleet.core.gpuhealth.pci_key``) and by GPU UUID; GPUs showing N/A (as on Windows) are left out."""
+    (``pci_key``) and by GPU UUID; GPUs showing N/A (as on Windows) are left out."""
     minors: dict[str, int] = {}
     parts = _Q_GPU.split(text)
     for bus, body in zip(parts[1::2], parts[2::2], strict=True):

@@ -21,6 +21,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
 OUTCOME_ENV = "VLLM_FLEET_RUN_JSON"  # where a run writes its outcome (FleetRun.summary), if set
+DRY_ATTR = "_vllm_fleet_dry"  # set on the State by controller/runner.py for a dry run: it holds no lease
 
 
 @dataclass
