@@ -1,6 +1,6 @@
 """The journal's last lines of every vLLM instance, changing nothing: `vllm-fleet logs INVENTORY` runs
 this (VLLM_FLEET_LOGS_INSTANCE / VLLM_FLEET_LOGS_LINES for --instance / --lines)."""
 
-from vllm_fleet.roles.logs import show_logs
+from vllm_fleet import tail_vllm_logs
 
-show_logs()
+tail_vllm_logs()

@@ -1,5 +1,5 @@
 """What each host would get and why, changing nothing: `vllm-fleet plan INVENTORY` runs this."""
 
-from vllm_fleet.roles.vllm import plan_report
+from vllm_fleet import plan_vllm
 
-plan_report()
+plan_vllm()

@@ -1,5 +1,7 @@
-"""Smoke-test what is deployed, changing nothing: `pyinfra inventories/lab.py deploys/smoke.py`."""
+"""Smoke-test what is deployed, changing nothing: `pyinfra INVENTORY deploys/smoke.py`
+(`vllm-fleet status INVENTORY` runs it); on the lab:
+`pyinfra fleetlab/inventories/lab.py deploys/smoke.py`."""
 
-from vllm_fleet.roles.vllm import smoke_only
+from vllm_fleet import check_vllm
 
-smoke_only()
+check_vllm()

@@ -181,8 +181,22 @@ def _report(rows: list, notes: list, best: list) -> None:
 
 
 @deploy("vLLM bench")
-def bench() -> None:
-    """Collect-time: plan and settings (a bad setting stops before any host is benched)."""
+def bench_vllm() -> None:
+    """``vllm bench serve`` against each host's own instance, then a sweep of max-num-batched-tokens on
+    transient trial servers; nothing deployed changes. The settings are checked while collecting, so a
+    bad one stops the run before any host is benched.
+
+    Host data read: ``vllm``, ``vllm_defaults``, ``vllm_bench`` (the settings; ``VLLM_FLEET_BENCH_*``
+    variables give the same settings fleet-wide, e.g. ``VLLM_FLEET_BENCH_NUM_PROMPTS``).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import bench_vllm
+
+        bench_vllm()
+    """
     spec = this_host(check_secrets=False)
     if spec is None:
         return

@@ -160,8 +160,23 @@ def server_states() -> list[tuple[str, ...]]:
 
 
 @deploy("vLLM load balancer")
-def deploy_lb() -> None:
-    """haproxy from the distribution, configured from the inventory; validated before it goes live."""
+def deploy_vllm_balancer() -> None:
+    """haproxy from the distribution in front of the fleet's instances, configured from the inventory and
+    validated (``haproxy -c``) before it goes live. The vLLM deploy drains a host here around its restart.
+
+    Host data read: ``vllm_lb`` on the balancer's host (its listen address, the servers' model, the key
+    variable), ``vllm`` of the hosts it fronts.
+    Environment: the variable ``vllm_lb`` names for the instances' key (the health check sends it).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import deploy_vllm, deploy_vllm_balancer
+
+        deploy_vllm()
+        deploy_vllm_balancer()
+    """
     b = balancers().get(host.name)
     if b is None:
         return

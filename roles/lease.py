@@ -170,7 +170,7 @@ def take(command: str) -> str | None:
     sudo = "sudo -H -n " if remote.connector_arguments().get("_sudo") else ""
     # shown as pyinfra shows its own commands at -vvv (the lease's source abbreviated): one more remote
     # command per host and run
-    logger.debug(f"[{host.name}] >>> {sudo}python3 -c <vllm_fleet/host/lease.py> hold {tok} ... "
+    logger.debug(f"[{host.name}] >>> {sudo}python3 -c <the lease script> hold {tok} ... "
                  f"{wait_s():g} {ttl_s():g}")
     channel = _Channel(sudo + shlex.join(argv))
     channel.send(json.dumps(SOURCE) + "\n")

@@ -38,7 +38,20 @@ def _print(journals: dict[str, dict[str, list[str]]], notes: list[str], skipped:
 
 
 @deploy("vLLM logs")
-def show_logs() -> None:
+def tail_vllm_logs() -> None:
+    """The journal's last lines of each vLLM instance, changing nothing: ``vllm-fleet logs``.
+
+    Host data read: ``vllm``, ``vllm_defaults``. Environment: ``VLLM_FLEET_LOGS_INSTANCE`` (one
+    instance), ``VLLM_FLEET_LOGS_LINES`` (lines per instance).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import tail_vllm_logs
+
+        tail_vllm_logs()
+    """
     specs = inventory_specs(check_secrets=False)
     wanted = os.environ.get(logs.INSTANCE_ENV) or None
     selected = {h.name: [i.name for i in specs[h.name].instances] for h in inventory

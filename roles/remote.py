@@ -83,7 +83,7 @@ def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str
     """Why this login cannot deploy (None when it can): pure, from LoginAccess and the host's
     resolved connector arguments."""
     user = login["user"]
-    fix = f"`{sudoers_line(user)}` in {SUDOERS_FILE} (docs/operations.md)"
+    fix = f"`{sudoers_line(user)}` in {SUDOERS_FILE}"
     used = [k for k in _UNSUPPORTED if args.get(k)]
     if used:
         return (f"{name}: {', '.join(used)}: only sudo is supported for becoming root; log in as a user "

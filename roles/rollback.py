@@ -39,7 +39,24 @@ def _restore_previous(plan) -> None:
 
 
 @deploy("vLLM rollback")
-def rollback() -> None:
+def rollback_vllm() -> None:
+    """Put the host back one step, on the release and files it last committed before the current ones,
+    and smoke-test it. The inventory still declares the change rolled back: the next deploy applies it
+    again, so change the inventory before going forward.
+
+    Host data read: ``vllm``, ``vllm_defaults``, ``vllm_lb`` (drained around the restart).
+    Environment: the instances' key variables, ``VLLM_FLEET_LEASE_WAIT_S``, ``VLLM_FLEET_LEASE_TTL_S``.
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import rollback_vllm
+
+        rollback_vllm()
+
+    ``vllm-fleet rollback inventory.py`` runs it wave by wave.
+    """
     spec = this_host()
     if spec is None:
         return

@@ -32,7 +32,20 @@ def output_path() -> str:
 
 
 @deploy("vLLM Prometheus targets")
-def targets() -> None:
+def write_vllm_targets() -> None:
+    """Prometheus file_sd targets for every instance a scraper can reach, written on the controller,
+    atomically, once per run. Changes nothing on the hosts.
+
+    Host data read: ``vllm``, ``vllm_defaults``. Environment: ``VLLM_FLEET_TARGETS_OUTPUT`` (the file).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import write_vllm_targets
+
+        write_vllm_targets()
+    """
     if inventory_specs(check_secrets=False).get(host.name) is None:
         return  # not a vLLM host: nothing to scrape
     run = current()

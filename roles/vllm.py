@@ -77,7 +77,36 @@ def deploy_vllm() -> None:
     """Install aside, validate with the new vLLM, then switch and restart; smoke or roll back.
 
     What changes is decided here at collection time from the facts, so the plan pyinfra shows is what
-    runs, and a converged host costs a handful of remote commands.
+    runs, and a converged host costs a handful of remote commands. Every host's data is validated before
+    any host is touched; each host is held under its host lease from the first write to the commit.
+
+    Host data read:
+
+    + ``vllm``: the host's declaration (``vllm-fleet explain`` lists every key); ``vllm_defaults`` (group
+      data) is deep-merged under it. A host without ``vllm`` data is left alone.
+    + ``ssh_user``, ``_sudo`` and the other connection data: a non-root login needs passwordless sudo
+    + ``vllm_lb`` on another host: the balancer that drains this one around its restart
+
+    Environment read (the controller's):
+
+    + the variables the inventory names in ``api_key_env`` and ``hf_token_env`` (default
+      ``VLLM_API_KEY``): they land on the host only in a 0600 file systemd reads
+    + ``VLLM_FLEET_CACHE``: the controller's wheel, lock and model cache (default ``~/.cache/vllm-fleet``)
+    + ``VLLM_FLEET_LOCKS``: a folder of reviewed locks to install from (default: under the cache)
+    + ``VLLM_FLEET_VARIANT_INDEXES``, ``VLLM_FLEET_FIND_LINKS``: where the builds' wheels come from
+    + ``VLLM_FLEET_LEASE_WAIT_S`` (120), ``VLLM_FLEET_LEASE_TTL_S`` (60): how long a run waits for another
+      run's host lease, and how long a silent holder keeps it
+    + ``VLLM_FLEET_RUN_JSON``, ``VLLM_FLEET_SMOKE_JSON``: files that get the run's outcome and smoke table
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import deploy_vllm
+
+        deploy_vllm()
+
+    run as ``pyinfra inventory.py my_deploy.py``, or ``vllm-fleet rollout inventory.py`` for waves.
     """
     try:
         _deploy_vllm()
@@ -200,7 +229,19 @@ def stage_vllm() -> None:
     """Everything a deploy does before its switch, nothing live touched: the release built from its
     lock, each model staged or fetched, each config validated by that release. What an operator runs
     before a maintenance window; the deploy or rollout after it builds, copies, fetches and validates
-    nothing again, and goes straight to the switch and restart."""
+    nothing again, and goes straight to the switch and restart.
+
+    Host data and environment read: as ``deploy_vllm`` (secrets too: the validator runs with the unit's
+    environment).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import stage_vllm
+
+        stage_vllm()
+    """
     try:
         _stage_vllm()
     except PyinfraError as e:
@@ -222,8 +263,21 @@ def _stage_vllm() -> None:
 
 
 @deploy("vLLM plan")
-def plan_report() -> None:
-    """Facts and plan only, no operation: one row per host for `vllm-fleet plan`."""
+def plan_vllm() -> None:
+    """Facts and plan only, no operation: one row per host (GPUs, driver, build and why, parallelism,
+    dtype, lock), what ``vllm-fleet plan`` prints. Takes no lease and never waits.
+
+    Host data read: ``vllm``, ``vllm_defaults``. Environment: as ``deploy_vllm``; a secret variable that
+    is not set is named in the host's row rather than sent anywhere.
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import plan_vllm
+
+        plan_vllm()
+    """
     from vllm_fleet.core import report
 
     run = current()
@@ -287,8 +341,21 @@ def _refused(state: Any, host: Any, reason: str) -> bool:
 
 
 @deploy("vLLM status")
-def smoke_only() -> None:
-    """`vllm-fleet status`: what the host says is deployed, its units' state, and a smoke test."""
+def check_vllm() -> None:
+    """What the host says is deployed (release, lock, config), its units' state, and a smoke test of
+    each instance: ``vllm-fleet status``. Read only: takes no lease and never waits.
+
+    Host data read: ``vllm``, ``vllm_defaults``, ``vllm_lb`` (the balancers' view of each server).
+    Environment: the instances' key variables (the smoke test sends the key).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import check_vllm
+
+        check_vllm()
+    """
     import hashlib
 
     run = current()

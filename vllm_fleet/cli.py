@@ -1,4 +1,8 @@
-"""`vllm-fleet` command line: thin dispatch onto the modules that do the work."""
+"""vllm-fleet: plan, stage, roll out, check and roll back vLLM on the hosts of a pyinfra inventory.
+
+Each command is a pyinfra run of one of the package's deploys (`from vllm_fleet import deploy_vllm` in a
+deploy file of your own does the same). `vllm-fleet explain` is the inventory's reference.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,23 @@ import argparse
 import sys
 
 
-def _dev(module: str):
-    """The lab and the tiny model are the checkout's dev part (fleetlab/), never in the wheel: found
-    beside this package in a checkout, or a clear message from an installed copy."""
-    import importlib
+def _lab_root():
+    """The source checkout holding the lab, when this package runs from one; None for an installed copy,
+    whose command line then has no `lab` and `model` commands."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    if (root / "fleetlab").is_dir() and str(root) not in sys.path:
+    return root if (root / "fleetlab" / "__init__.py").is_file() else None
+
+
+def _dev(module: str):
+    """The lab and the tiny model are the checkout's dev part, never in the wheel."""
+    import importlib
+
+    root = _lab_root()
+    if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] == "fleetlab":
-            raise SystemExit("vllm-fleet: the lab and the tiny model come with the source checkout "
-                             "(fleetlab/), not with an installed vllm-fleet") from None
-        raise
+    return importlib.import_module(module)
 
 
 def _lab(args: argparse.Namespace) -> int:
@@ -63,7 +68,7 @@ def _pyinfra(inventory: str, deploy: str, limit: str | None, **how: bool) -> int
 
 
 def _plan(args: argparse.Namespace) -> int:
-    rc = _pyinfra(args.inventory, "vllm_fleet.roles.vllm.plan_report", args.limit)
+    rc = _pyinfra(args.inventory, "vllm_fleet.roles.vllm.plan_vllm", args.limit)
     if rc or not args.diff:
         return rc
     # the deploy itself, dry, after pyinfra's change detection with diffs: the diff shown is the one a
@@ -80,7 +85,7 @@ def _rollout(args: argparse.Namespace, deploy: str = "rollout") -> int:
     from vllm_fleet.controller import rollout  # its runner sets gevent up first, as pyinfra's CLI does
     from vllm_fleet.roles import rollback, vllm
 
-    func = vllm.deploy_vllm if deploy == "rollout" else rollback.rollback
+    func = vllm.deploy_vllm if deploy == "rollout" else rollback.rollback_vllm
     try:
         result = rollout.run(args.inventory, deploy=func, canary=args.canary, wave=args.wave,
                              max_unavailable=args.max_unavailable, limit=args.limit, what=deploy)
@@ -99,7 +104,7 @@ def _status(args: argparse.Namespace) -> int:
     """With --watch, the whole status again every N seconds (each round is a fresh read-only run, so
     what it shows is never older than one round) until interrupted."""
     if not args.watch:
-        return _pyinfra(args.inventory, "vllm_fleet.roles.vllm.smoke_only", args.limit)
+        return _pyinfra(args.inventory, "vllm_fleet.roles.vllm.check_vllm", args.limit)
     import time
 
     try:
@@ -107,7 +112,7 @@ def _status(args: argparse.Namespace) -> int:
             started = time.strftime("%Y-%m-%d %H:%M:%S")
             print("\033[2J\033[H", end="")  # clear the terminal, cursor home
             print(f"vllm-fleet status {args.inventory}, every {args.watch} s (Ctrl-C stops); at {started}")
-            _pyinfra(args.inventory, "vllm_fleet.roles.vllm.smoke_only", args.limit)
+            _pyinfra(args.inventory, "vllm_fleet.roles.vllm.check_vllm", args.limit)
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
@@ -124,7 +129,7 @@ def _targets(args: argparse.Namespace) -> int:
         print(f"targets: {out.parent} is not a directory", file=sys.stderr)
         return 2
     os.environ[OUTPUT_ENV] = str(out)
-    return _pyinfra(args.inventory, "vllm_fleet.roles.targets.targets", args.limit)
+    return _pyinfra(args.inventory, "vllm_fleet.roles.targets.write_vllm_targets", args.limit)
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -135,7 +140,22 @@ def _logs(args: argparse.Namespace) -> int:
     os.environ[LINES_ENV] = str(args.lines)
     if args.instance:
         os.environ[INSTANCE_ENV] = args.instance
-    return _pyinfra(args.inventory, "vllm_fleet.roles.logs.show_logs", args.limit)
+    return _pyinfra(args.inventory, "vllm_fleet.roles.logs.tail_vllm_logs", args.limit)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from vllm_fleet.core import keydoc
+
+    if not args.key:
+        print("inventory keys (under each host's `vllm` data); `vllm-fleet explain KEY` says more:")
+        print("\n".join("  " + k for k in keydoc.all_keys()))
+        return 0
+    try:
+        print(keydoc.explain(args.key))
+    except KeyError as e:
+        print(f"explain: {e.args[0]}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _positive(value: str) -> int:
@@ -160,9 +180,21 @@ LIMIT_HELP = "comma-separated hosts, groups or globs of the inventory"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    from vllm_fleet import __version__
 
+    p = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"vllm-fleet {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    if _lab_root() is not None:
+        _lab_commands(sub)
+    _commands(sub)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+def _lab_commands(sub) -> None:
+    """The checkout's own commands: the lab and its tiny model."""
     lab_p = sub.add_parser("lab", help="local systemd hosts for the demo and the tests")
     lab_sub = lab_p.add_subparsers(dest="lab_cmd", required=True)
     up = lab_sub.add_parser("up", help="boot N lab hosts (idempotent)")
@@ -175,6 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     halt.add_argument("name")
     lab_p.set_defaults(func=_lab)
 
+    model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
+    model_sub = model_p.add_subparsers(dest="model_cmd", required=True)
+    tiny = model_sub.add_parser("tiny", help="write the tiny Llama test model")
+    tiny.add_argument("dest", nargs="?")
+    model_p.set_defaults(func=_model)
+
+
+def _commands(sub) -> None:
     plan_p = sub.add_parser("plan", help="per host: GPUs, driver, variant and why, TP, dtype "
                                          "(changes nothing)")
     plan_p.add_argument("inventory")
@@ -227,14 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"lines per instance (default {DEFAULT_LINES})")
     lg.set_defaults(func=_logs)
 
-    model_p = sub.add_parser("model", help="models made locally (no hub downloads)")
-    model_sub = model_p.add_subparsers(dest="model_cmd", required=True)
-    tiny = model_sub.add_parser("tiny", help="write the tiny Llama test model")
-    tiny.add_argument("dest", nargs="?")
-    model_p.set_defaults(func=_model)
-
-    args = p.parse_args(argv)
-    return args.func(args)
+    ex = sub.add_parser("explain", help="what an inventory key means, its default and where it comes from")
+    ex.add_argument("key", nargs="?", help="e.g. max_num_seqs, flags.port, instances.api_key_env, version")
+    ex.set_defaults(func=_explain)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,31 @@ from tests.hosts.conftest import ROOT
 def installed(tmp_path_factory, lab_hosts):
     tmp = tmp_path_factory.mktemp("package")
     dist = tmp / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)],
-                   check=True, capture_output=True, text=True, timeout=600)
+    # wheel and sdist as a release builds them (PEP 517, isolated); byte-compiling left to the installer
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    build = subprocess.run([sys.executable, "-m", "build", "-o", str(dist), str(ROOT)], capture_output=True,
+                           text=True, timeout=600, env=env)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    warnings = [ln for ln in (build.stdout + build.stderr).splitlines() if "warning" in ln.lower()]
+    assert warnings == [], warnings
     wheel = next(dist.glob("vllm_fleet-*.whl"))
+    sdist = next(dist.glob("vllm_fleet-*.tar.gz"))
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True,
                          text=True, timeout=900)
     assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+    # the sdist builds the same wheel: what a `pip install vllm-fleet` without a wheel would install
+    again = tmp / "from-sdist"
+    rebuilt = subprocess.run([str(venv / "bin" / "pip"), "wheel", "-q", "--no-deps", "-w", str(again),
+                              str(sdist)], capture_output=True, text=True, timeout=600)
+    assert rebuilt.returncode == 0, rebuilt.stdout[-2000:] + rebuilt.stderr[-2000:]
+    import zipfile
+
+    def names(path):
+        return sorted(n for n in zipfile.ZipFile(path).namelist() if ".dist-info/" not in n)
+
+    assert names(next(again.glob("*.whl"))) == names(wheel)
     work = tmp / "work"
     work.mkdir()
     hosts = [(name, data) for name, data in lab_inventory() if name in lab_hosts or "vllm" not in data]
@@ -81,8 +98,36 @@ def test_the_installed_package_renders_every_file_of_a_converged_host(installed,
     assert "smoke test vllm-default.service" in table and "(lab1)" not in table, table
 
 
-def test_the_lab_says_where_it_lives_when_run_from_the_wheel(installed):
+def test_the_installed_command_line_is_the_products(installed):
+    """--version is the package's; the lab's commands belong to the checkout, not to the wheel."""
+    from vllm_fleet import __version__
+
     venv, work, _ = installed
+    version = run(venv, work, "vllm-fleet", "--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"vllm-fleet {__version__}", version
+    helped = run(venv, work, "vllm-fleet", "--help")
+    assert helped.returncode == 0, helped.stderr
+    commands = helped.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert "lab" not in commands and "model" not in commands, helped.stdout
+    assert {"plan", "stage", "rollout", "status", "rollback", "explain"} <= set(commands), helped.stdout
     lab = run(venv, work, "vllm-fleet", "lab", "up", "1")
-    assert lab.returncode != 0
-    assert "come with the source checkout" in lab.stderr, lab.stdout + lab.stderr
+    assert lab.returncode == 2 and "invalid choice: 'lab'" in lab.stderr, lab.stdout + lab.stderr
+    explained = run(venv, work, "vllm-fleet", "explain", "max_num_seqs")
+    assert explained.returncode == 0 and "vllm serve --max-num-seqs" in explained.stdout, explained
+
+
+def test_a_users_deploy_file_composes_the_public_api_with_other_operations(installed, deployed):
+    """A deploy file as a pyinfra user writes one: an operation of pyinfra's own, then the package's deploy,
+    imported from the top of the package. --dry runs the deploy's whole collection on lab1 and changes
+    nothing; the other operation shows up beside it."""
+    venv, work, _ = installed
+    (work / "site.py").write_text(
+        "from pyinfra.operations import server\n"
+        "from vllm_fleet import deploy_vllm\n\n"
+        "server.shell(name='site: say hello', commands=['echo hello from site.py'])\n"
+        "deploy_vllm()\n")
+    dry = run(venv, work, "pyinfra", "--dry", "-y", "--limit", "lab1", "inventory.py", "site.py")
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "Traceback" not in out, out[-4000:]
+    assert "site: say hello" in out, out[-4000:]
+    assert "smoke test vllm-default.service" in out, out[-4000:]

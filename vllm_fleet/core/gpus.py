@@ -498,7 +498,7 @@ SMI_FAILED = "nvidia_smi_failed"  # an nvidia-smi failure none of the above expl
 
 _ADVICE = {
     NO_DRIVER: "nvidia-smi is not installed and no NVIDIA driver is loaded{detail}. Install the NVIDIA "
-    "driver (see vllm_fleet/data/variants.toml for the minimum each vLLM build needs), or set "
+    "driver (`vllm-fleet explain version` lists the minimum each vLLM build needs), or set "
     "`accelerator: cpu`.",
     DRIVER_UNREACHABLE: "nvidia-smi cannot communicate with the NVIDIA kernel driver{detail}: the module is "
     "not loaded or was not built for the running kernel. Check `lsmod | grep nvidia` and `dmesg`, reinstall "

@@ -106,8 +106,60 @@ def update(text: str) -> str:
     return text
 
 
+def releases() -> str:
+    """The release table as an operator needs it: per vLLM release, each build and what it asks of a host."""
+    from vllm_fleet.core.variants import load_table
+
+    lines = ["releases vllm-fleet can install (a version not listed is refused):"]
+    for version, builds in load_table().items():
+        parts = []
+        for v in builds.values():
+            if v.accelerator == "cpu":
+                parts.append(f"{v.name} (CPU)")
+            else:
+                cc = ".".join(map(str, v.min_compute_capability))
+                parts.append(f"{v.name} (CUDA {v.cuda}, driver >= {v.min_driver}, "
+                             f"compute capability >= {cc})")
+        lines.append(f"  {version}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def all_keys() -> list[str]:
+    """Every inventory key, as `explain` accepts it: the host's, then an instance's, the watchdog's and
+    the serve flags' (under `flags`)."""
+    prefix = {"HostSpec": "", "InstanceSpec": "instances.", "WatchdogSpec": "watchdog.",
+              "ServeFlags": "flags."}
+    return [prefix[name] + key for name, (model, _) in TABLES.items() for key in model.model_fields]
+
+
+def explain(key: str) -> str:
+    """What one inventory key means, its default and where the default comes from: the reference a wheel
+    user has without the source checkout. `key` may be written with its section (`flags.max_num_seqs`)
+    or bare (`max_num_seqs`), which answers for every section that has it."""
+    wanted = key.strip().removeprefix("vllm.")
+    found = [k for k in all_keys() if k == wanted or k.rsplit(".", 1)[-1] == wanted]
+    if not found:
+        raise KeyError(f"{key!r} is not an inventory key; `vllm-fleet explain` lists them")
+    out = []
+    models = {"": HostSpec, "instances": InstanceSpec, "watchdog": WatchdogSpec, "flags": ServeFlags}
+    for k in found:
+        section, _, name = k.rpartition(".")
+        _, default, source, meaning = row(models[section], name)
+        text = [f"vllm.{k}", f"  default: {default.strip('`')}" + (f" (from {source})" if source else "")]
+        if section == "flags":
+            text.append(f"  vllm serve --{name.replace('_', '-')}")
+        text.extend("  " + ln for ln in textwrap.wrap(meaning, 100))
+        out.append("\n".join(text))
+        if k == "version":
+            out.append(releases())
+    return "\n\n".join(out)
+
+
 def main(argv: list[str]) -> int:
-    path = Path(argv[0] if argv else "docs/inventory.md")
+    if len(argv) != 1:
+        print("usage: python -m vllm_fleet.core.keydoc PAGE", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
     path.write_text(update(path.read_text()))
     return 0
 

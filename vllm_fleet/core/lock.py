@@ -175,7 +175,7 @@ BROKEN_PAIRS = (
     BrokenPair("cuda-python", "13", "cuda-bindings", "13",
                "cuda-python 12.x overwrites cuda-bindings 13.x's files: `import cutlass` fails "
                "(cuda.bindings.runtime has no attribute cudaLibrary_t), and with it fp8 and awq",
-               'add "cuda-python>=13" to the variant\'s constraints in vllm_fleet/data/variants.toml'),
+               'the release table must constrain this build to "cuda-python>=13" (its `constraints`)'),
 )
 
 

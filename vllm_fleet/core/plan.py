@@ -412,7 +412,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
     index = index_settings(choice.build, spec, environ)
     if environ.get("VLLM_FLEET_EXTRA_INDEX_URLS"):
         warnings.append(f"{host}: VLLM_FLEET_EXTRA_INDEX_URLS is no longer read: a fleet's indexes are its "
-                        "package_index (docs/inventory.md)")
+                        "package_index (`vllm-fleet explain package_index`)")
     if spec.install_source == "registry" and index.find_links:
         raise SpecError([f"{host}: vllm.install_source: a registry host installs from the index, but this "
                          f"{choice.variant} build's lock is resolved with the controller's folders "

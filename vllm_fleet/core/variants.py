@@ -141,7 +141,7 @@ def parse_table(text: str) -> dict[str, dict[str, Variant]]:
     table = {}
     for version, release in data.get("release", {}).items():
         if not re.fullmatch(r"\d+(\.\d+)*", version):  # a malformed version fails here, at load time
-            raise ValueError(f"vllm_fleet/data/variants.toml: release {version!r} is not a version")
+            raise ValueError(f"the release table: release {version!r} is not a version")
         min_cc = tuple(int(p) for p in release.get("min_compute_capability", "0.0").split("."))
         variants = [
             _variant(version, n, raw, (min_cc[0], min_cc[1])) for n, raw in release["variant"].items()
@@ -255,7 +255,8 @@ def choose_variant(
         raise VariantRefusal(f"accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
     if vllm_version not in table:
         known = ", ".join(sorted(table, key=version_tuple))
-        raise VariantRefusal(f"vLLM {vllm_version} is not in vllm_fleet/data/variants.toml (known: {known})")
+        raise VariantRefusal(f"vLLM {vllm_version} is not in the release table (known: {known}; "
+                             "`vllm-fleet explain version`)")
     release = table[vllm_version]
     if override is not None:
         if override not in release:
@@ -271,13 +272,15 @@ def choose_variant(
     if accelerator == "cpu":
         cpu = [v for v in release.values() if v.accelerator == "cpu"]
         if not cpu:
-            raise VariantRefusal(f"vLLM {vllm_version} has no CPU build in vllm_fleet/data/variants.toml")
+            raise VariantRefusal(f"vLLM {vllm_version} has no CPU build in the release table "
+                                 "(`vllm-fleet explain version`)")
         variant = release[override] if override else cpu[0]
         return _chosen(variant, f"{variant.name}: accelerator is cpu, so the CPU build {variant.spec}")
 
     cuda = [v for v in release.values() if v.accelerator == "cuda"]
     if not cuda:
-        raise VariantRefusal(f"vLLM {vllm_version} has no CUDA build in vllm_fleet/data/variants.toml")
+        raise VariantRefusal(f"vLLM {vllm_version} has no CUDA build in the release table "
+                             "(`vllm-fleet explain version`)")
     if driver is None:
         advice = _driver_advice(cuda, gpus)
         raise VariantRefusal(
