@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PYINFRA = str(BIN / "pyinfra")
-INVENTORY = str(ROOT / "inventories" / "lab.py")
+INVENTORY = str(ROOT / "fleetlab" / "inventories" / "lab.py")
 PLAY = ROOT / "bench" / "ansible" / "vllm.yml"
 TARGET = 0.25
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
-INVENTORY = str(ROOT / "inventories" / "lab.py")
+INVENTORY = str(ROOT / "fleetlab" / "inventories" / "lab.py")
 DEPLOY = "vllm_fleet.roles.vllm.deploy_vllm"
 BARE = str(ROOT / "bench" / "bare_fact.py")
 

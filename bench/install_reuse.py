@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
-INVENTORY = str(ROOT / "inventories" / "lab.py")
+INVENTORY = str(ROOT / "fleetlab" / "inventories" / "lab.py")
 TARGET = 5.0
 
 

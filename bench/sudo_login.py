@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
-LAB = str(ROOT / "inventories" / "lab.py")
+LAB = str(ROOT / "fleetlab" / "inventories" / "lab.py")
 # lab3 with either login, for the first deploys
 FRESH = """
 import os

@@ -9,5 +9,5 @@ t0=$SECONDS
 .venv/bin/python -m compileall -q vllm_fleet fleetlab  # see scripts/setup.sh: only what changed since
 echo "demo: deploying vLLM (CPU build) to the lab; a first run installs the release (minutes), reruns take seconds"
 t1=$SECONDS
-.venv/bin/pyinfra -y inventories/lab.py deploys/vllm.py
+.venv/bin/pyinfra -y fleetlab/inventories/lab.py deploys/vllm.py
 echo "demo: deploy took $((SECONDS - t1)) s, demo $((SECONDS - t0)) s in all"

@@ -1,4 +1,4 @@
-"""The README's "Your own fleet" inventory stays in the shape the lab deploys through: the same login
+"""The README's mixed inventory stays in the shape the lab deploys through: the same login
 keys (a user with passwordless sudo, host keys verified), every host valid or left alone by the rule for
 mixed inventories. tests/hosts/test_logins.py proves that shape on real hosts."""
 
@@ -16,8 +16,8 @@ LOGIN_KEYS = ("ssh_user", "_sudo", "ssh_known_hosts_file", "ssh_strict_host_key_
 
 
 def _example() -> dict[str, dict]:
-    block = re.search(r"```python\n# inventories/prod\.py\n(.*?)```", README, re.S)
-    assert block, "README lost its production inventory"
+    block = re.search(r"```python\n# a mixed inventory[^\n]*\n(.*?)```", README, re.S)
+    assert block, "README lost its mixed inventory"
     scope: dict = {}
     exec(block.group(1), scope)  # the README's own text, nothing added
     return {name: data for key, group in scope.items() if key.endswith("_hosts") for name, data in group}

@@ -1,8 +1,9 @@
 """`ServeFlags`: the one definition of every `vllm serve` flag this toolkit renders.
 
-Each field carries its type and bounds (pydantic), its starting value from the user's reference documents
-(shared seeds: gpu-memory-utilization 0.90, max-num-seqs 256, block-size 16, port 8000, host 127.0.0.1,
-trust-remote-code off, enforce-eager off), and the vLLM versions that accept it (`since` / `removed`).
+Each field carries its type and bounds (pydantic), the project's starting value (gpu-memory-utilization
+0.90, max-num-seqs 256, block-size 16, port 8000, host 127.0.0.1, trust-remote-code off, enforce-eager off;
+each field's docstring says how it compares with vLLM's own default), and the vLLM versions that accept it
+(`since` / `removed`).
 A value of None means "not set here": the planner derives it (dtype, tensor-parallel-size) or leaves
 vLLM's own default in force (prefix caching and chunked prefill are on by default in the V1 engine).
 
@@ -73,82 +74,88 @@ class ServeFlags(BaseModel):
     served_model_name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", json_schema_extra=_meta()
     )
-    """default: `model.name`
-    from: seed 003: short, stable, versioned
+    """the name clients ask for; vLLM's own default is the model's path on the host
+
+    default: `model.name`
+    from: the inventory: a short, stable name
     """
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, json_schema_extra=_meta())
     """`bfloat16` on compute capability ≥ 8.0, `float16` below; CPU: `bfloat16` with AVX2/AVX-512
 
     default: derived
-    from: seed 003
+    from: the planner, from the GPUs (vLLM's own `auto` follows the model's config)
     """
     quantization: Literal["awq", "gptq", "fp8", "compressed-tensors", "awq_marlin",
                           "gptq_marlin", "modelopt", "mxfp4"] | None = Field(
         None, json_schema_extra=_meta())
     """only for pre-quantized weights (`awq`, `gptq`, `fp8`, …)
 
-    from: seed 003
+    from: vLLM's default (unset: vLLM reads the checkpoint's own quantization config)
     """
     trust_remote_code: bool = Field(False, json_schema_extra=_meta())
     """on only when the model card says so
 
-    from: seed 003
+    from: vLLM's default
     """
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, json_schema_extra=_meta(platforms=("cuda",)))
-    """CUDA only
+    """CUDA only; always rendered, so the memory preflight sizes with the value vLLM uses
 
-    from: seed 003 (vLLM's own is 0.92)
+    from: the project's starting value, vLLM's before 0.92 became its default
     """
     max_model_len: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
-    """checked by the memory preflight
+    """checked by the memory preflight; set it to what the application needs
 
     default: the model's
-    from: seed 000: fit to the application
+    from: vLLM's default
     """
     max_num_seqs: int = Field(256, ge=1, le=65_536, json_schema_extra=_meta())
-    """from: seed 003"""
+    """the same on every host; vLLM 0.32's own depends on the hardware (256 on most GPUs, 1024 on GPUs of
+    70 GiB or more other than A100, 128 per rank on CPU)
+
+    from: the project's starting value
+    """
     max_num_batched_tokens: int | None = Field(None, ge=16, le=10_485_760, json_schema_extra=_meta())
     """below `max_model_len` needs chunked prefill (refused otherwise)
 
     default: vLLM's
-    from: seed 000
+    from: vLLM's default
     """
-    # The seeds' 16 suits CUDA; vLLM's CPU backend wants multiples of 32 (its default is 128), so on CPU
-    # hosts the planner leaves it unset unless the inventory sets it.
+    # The project's 16 suits CUDA; vLLM's CPU backend wants multiples of 32 (its default is 128), so on
+    # CPU hosts the planner leaves it unset unless the inventory sets it.
     block_size: Literal[8, 16, 32, 64, 128, 256] | None = Field(None, json_schema_extra=_meta())
     """CPU backend wants multiples of 32
 
     default: `16` on CUDA, vLLM's (128) on CPU
-    from: seed 003
+    from: the project's starting value on CUDA
     """
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, json_schema_extra=_meta())
     """the instance's GPUs if they divide the attention (and KV) heads, else the largest power of two that
     does, with a warning; an explicit value that does not divide is refused
 
     default: derived
-    from: seed 003
+    from: the planner, from the instance's GPUs (vLLM's own default is 1)
     """
     pipeline_parallel_size: int = Field(1, ge=1, le=64, json_schema_extra=_meta())
     """pipeline stages share the instance's GPUs
 
-    from: seed 003
+    from: vLLM's default
     """
     enable_prefix_caching: bool | None = Field(None, json_schema_extra=_meta())
     """rendered only when set
 
     default: vLLM's (on)
-    from: seed 000
+    from: vLLM's default
     """
     enable_chunked_prefill: bool | None = Field(None, json_schema_extra=_meta())
     """rendered only when set
 
     default: vLLM's (on)
-    from: seed 000
+    from: vLLM's default
     """
     enforce_eager: bool = Field(False, json_schema_extra=_meta())
     """trades CUDA graphs for memory; the lab sets it for faster CPU starts
 
-    from: seed 003
+    from: vLLM's default
     """
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
         None, json_schema_extra=_meta())
@@ -159,12 +166,12 @@ class ServeFlags(BaseModel):
     host: str = Field("127.0.0.1", json_schema_extra=_meta())
     """`0.0.0.0` for remote clients (needs a key)
 
-    from: seed 003
+    from: the project's starting value, local only unless asked; vLLM's own listens on every address
     """
     port: int = Field(8000, ge=1, le=65_535, json_schema_extra=_meta())
     """unique per host
 
-    from: seed 003
+    from: vLLM's default
     """
     shutdown_timeout: int | None = Field(SHUTDOWN_TIMEOUT_S, ge=0, le=3600,
                                          json_schema_extra=_meta(since="0.11.0"))
@@ -280,7 +287,7 @@ class ServeFlags(BaseModel):
 
     @model_validator(mode="after")
     def _seed_rules(self) -> ServeFlags:
-        """The first seed document's rule: a batch budget below the context needs chunked prefill."""
+        """vLLM's own rule, checked here first: a batch budget below the context needs chunked prefill."""
         if (
             self.max_num_batched_tokens is not None
             and self.max_model_len is not None

@@ -207,7 +207,7 @@ class InstanceSpec(BaseModel):
     """`vllm serve` flags
 
     default: see below
-    from: seeds
+    from: see each flag
     """
     api_key_env: str | None = Field("VLLM_API_KEY", pattern=ENV_NAME)
     """controller variable holding the key; `None`: no key (refused on a non-loopback bind unless
@@ -241,7 +241,7 @@ class InstanceSpec(BaseModel):
     widen: Seq[str] = Field(default_factory=list)
     """the `extra_args` that widen what a key holder can read or make the server do (serving files under
     `allowed-local-media-path`, CORS, prompts in the journal, tool servers), acknowledged by name: each
-    is refused until it is listed here (docs/security.md)
+    is refused until it is listed here
     """
 
     _known = model_validator(mode="before")(classmethod(hint_unknown))
@@ -381,7 +381,7 @@ class HostSpec(BaseModel):
     model_config = STRICT
 
     version: str = Field("0.32.0", pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$")
-    """vLLM release; must be in `vllm_fleet/data/variants.toml`
+    """vLLM release; must be in the release table (`vllm-fleet explain version` lists it)
 
     from: this toolkit's tested release
     """
@@ -420,8 +420,7 @@ class HostSpec(BaseModel):
     default: one `default`
     """
     cluster: ClusterSpec | None = None
-    """this host is a node of a group serving one model
-    ([topologies](topologies.md#a-model-spanning-nodes)): `name`, `nodes` (inventory names, head first),
+    """this host is a node of a group serving one model (vLLM's multi-node mode): `name`, `nodes` (inventory names, head first),
     `split` (`pipeline`: a stage per node, TP over its GPUs; `tensor`: one TP group over all nodes),
     `address` (the node's IP on the cluster network; default its `ssh_hostname`), `master_port`
     (`29501`)

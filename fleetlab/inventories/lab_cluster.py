@@ -1,8 +1,9 @@
 """The first two lab hosts as one node group: vLLM's multi-node mode, the head on lab1, a worker on lab2.
 
-    pyinfra -y inventories/lab_cluster.py deploys/vllm.py
+    pyinfra -y fleetlab/inventories/lab_cluster.py deploys/vllm.py
 
-A third lab host, when up, is not part of it. Switching back: `pyinfra -y inventories/lab.py deploys/vllm.py`.
+A third lab host, when up, is not part of it. Switching back:
+`pyinfra -y fleetlab/inventories/lab.py deploys/vllm.py`.
 """
 
 from fleetlab.inventory import lab_cluster_hosts

@@ -1,10 +1,11 @@
-"""An example of a mixed fleet, runnable against the lab: `vllm-fleet plan inventories/example.py`.
+"""The lab's mixed fleet, runnable against it: `vllm-fleet plan fleetlab/inventories/example.py`.
 
 lab1 plays a CPU host serving the tiny model; lab8 a database host in the same inventory (no vLLM).
 lab2 plays an 8-GPU server with two instances (a chat model on GPUs 0-3, a second on 4-7); in the lab it
 has no GPU, so the plan refuses it with what to install, unless a test has given it a captured
 nvidia-smi (tests/hosts/test_gpu_simulated.py).
-Real fleets write the same dicts with their own addresses, users and model paths.
+Real fleets write the same dicts with their own addresses, users and model paths, as plain data
+(inventories/gpu_fleet.py); this one imports the lab only for its key, known_hosts file and model.
 """
 
 import fleetlab as lab
