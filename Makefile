@@ -25,6 +25,7 @@ unit: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	bash scripts/typecheck.sh
 
 lab-down:
 	$(VENV)/bin/vllm-fleet lab down

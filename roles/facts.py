@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from typing import Any
 
 from pyinfra.api import FactBase
 
+from vllm_fleet.core.hostfacts import HostModelFacts, HubCacheFacts, ListenerFacts, VllmHostFacts
 from vllm_fleet.core.plan import (
     BASE_DIRS,
     CURRENT_LINK,
@@ -35,18 +37,18 @@ _SS_USER = re.compile(r'\("([^"]*)",pid=(\d+),')
 _SERVICE = re.compile(r"([^/\s]+\.service)(?=/|\s|$)")
 
 
-def _listeners(lines: list[str], cgroups: list[str]) -> list[dict] | None:
+def _listeners(lines: list[str], cgroups: list[str]) -> list[ListenerFacts] | None:
     """TCP listeners from ``ss -ltnp`` with the systemd unit of each socket's first process; None when
     ss printed nothing at all (not installed), so callers can tell "none" from "not read"."""
     if not lines:
         return None
-    units = {}
+    units: dict[int, str | None] = {}
     for line in cgroups:  # "<pid> <cgroup line>"
-        pid, _, path = line.partition(" ")
+        number, _, path = line.partition(" ")
         found = _SERVICE.findall(path)
-        if pid.isdigit():
-            units[int(pid)] = found[-1] if found else None
-    out = []
+        if number.isdigit():
+            units[int(number)] = found[-1] if found else None
+    out: list[ListenerFacts] = []
     for line in lines:
         words = line.split()
         if len(words) < 5 or words[0] != "LISTEN" or ":" not in words[3]:
@@ -84,7 +86,7 @@ def sections_of(output: list[str]) -> dict[str, list[str]]:
     return sections
 
 
-def listeners_of(sections: dict[str, list[str]]) -> list[dict] | None:
+def listeners_of(sections: dict[str, list[str]]) -> list[ListenerFacts] | None:
     """LISTEN_SH's output as _listeners reads it."""
     return _listeners([ln for ln in sections.get("listen", []) if ln.strip()],
                       sections.get("listen_cgroups", []))
@@ -96,14 +98,14 @@ def _int_or_none(lines: list[str]) -> int | None:
 
 
 def _base_ok(lines: list[str]) -> bool:
-    seen = dict(reversed(line.split(" ", 1)) for line in lines if " " in line)
+    seen = {path: have for have, path in (line.split(" ", 1) for line in lines if " " in line)}
     return "user-ok" in lines and all(seen.get(path) == want for path, want in BASE_DIRS.items())
 
 
 MANAGED = "# Managed by vllm-fleet"  # templates/vllm.service.j2's first line
 
 
-def _created(state: dict | None, managed: list[str]) -> list[str]:
+def _created(state: dict[str, Any] | None, managed: list[str]) -> list[str]:
     """The vllm units this toolkit created, the only ones a deploy may remove: as the host state records
     them (hoststate commit, current and previous), else, on a host committed before that record, the
     units that carry the templates' header. A unit someone else put there (vllm-router.service) is
@@ -119,7 +121,7 @@ _TARGET_PY = ("import platform, sys; "
               "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-')")
 
 
-class VllmHost(FactBase):
+class VllmHost(FactBase[VllmHostFacts]):
     """
     Returns what is installed under /opt/vllm and what was deployed before:
 
@@ -190,14 +192,14 @@ class VllmHost(FactBase):
             + LISTEN_SH
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> VllmHostFacts:
         sections = sections_of(output)
         units, watchdogs = ({key.split(" ", 1)[1]: dict(line.split("=", 1) for line in lines if "=" in line)
                              for key, lines in sections.items() if key.startswith(kind)}
                             for kind in ("unit ", "watchdog "))
         current = "".join(sections.get("current", [])).strip()
         state_text = "\n".join(sections.get("state", [])).strip()
-        interfaces = {}
+        interfaces: dict[str, str] = {}
         for line in sections.get("addresses", []):  # "2: host0    inet 10.77.1.2/24 brd ... scope global"
             words = line.split()
             for fam in ("inet", "inet6"):
@@ -257,7 +259,7 @@ print(json.dumps(out))
 """
 
 
-class HostModel(FactBase):
+class HostModel(FactBase[HostModelFacts]):
     """
     Returns a model directory's config.json and weight size as read on the host (models given by
     host_path), reading only the safetensors headers:
@@ -270,7 +272,7 @@ class HostModel(FactBase):
     def command(self, path: str) -> str:
         return f"python3 -c {shlex.quote(_MODEL_INFO_PY)} {shlex.quote(path)} 2>/dev/null || echo '{{}}'"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> HostModelFacts:
         try:
             return json.loads("\n".join(output) or "{}")
         except json.JSONDecodeError:
@@ -296,7 +298,7 @@ print(json.dumps({"present": present, "free": st.f_bavail * st.f_frsize, "fs_pat
 """
 
 
-class HubCache(FactBase):
+class HubCache(FactBase[HubCacheFacts]):
     """
     Returns what a hub snapshot directory holds on the host (each file's size, links followed as the
     vllm user follows them) and the free space of the cache's file system:
@@ -315,7 +317,7 @@ class HubCache(FactBase):
         return (f"if id -u {VLLM_USER} >/dev/null 2>&1; then runuser -u {VLLM_USER} -- python3 {args}; "
                 f"else python3 {args}; fi")
 
-    def process(self, output):
+    def process(self, output: list[str]) -> HubCacheFacts:
         try:
             found = json.loads("\n".join(output) or "{}")
         except json.JSONDecodeError:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any
 
 from pyinfra import host
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
 from pyinfra.operations import python, server
 
 from vllm_fleet.controller import hub as hub_api
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import hub
+from vllm_fleet.core.hostfacts import HubCacheFacts
 from vllm_fleet.core.plan import HOST_TOOLS, VLLM_USER, HostPlan, InstancePlan
 from vllm_fleet.core.spec import HostSpec, InstanceSpec, SpecError
 from vllm_fleet.roles import remote
@@ -44,7 +46,7 @@ def resolved(spec: HostSpec, inst: InstanceSpec) -> hub.HubSnapshot:
     return found
 
 
-def on_host(snap: hub.HubSnapshot) -> dict[str, Any]:
+def on_host(snap: hub.HubSnapshot) -> HubCacheFacts:
     """The host's copy of the snapshot and the cache's free space (HubCache), read once per host."""
     seen = current().hub_caches
     key = (host.name, snap.directory)
@@ -104,7 +106,7 @@ def fetch_command(plan: HostPlan, inst: InstancePlan) -> str:
     return shlex.join(cmd)
 
 
-def _fetch(state: Any, host: Any, command: str, label: str) -> bool:
+def _fetch(state: State, host: Host, command: str, label: str) -> bool:
     """Progress lines appear as they come; a failure fails the host, old service serving, with
     hubfetch's reason."""
     return remote.run_live(host, command, f"fetch of {label}", "nothing restarted", tail=3)

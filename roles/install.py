@@ -11,13 +11,16 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from pyinfra import host, logger
+from pyinfra.api.host import Host
+from pyinfra.api.operation import OperationMeta
+from pyinfra.api.state import State
 from pyinfra.operations import python, server
 
 import vllm_fleet.host
 from vllm_fleet.controller import locks, wheels
+from vllm_fleet.core.hostfacts import VllmHostFacts
 from vllm_fleet.core.lock import Lock, Target, install_command
 from vllm_fleet.core.plan import (
     BASE_DIRS,
@@ -33,6 +36,7 @@ from vllm_fleet.core.plan import (
     UV_PATH,
     VLLM_USER,
     HostPlan,
+    InstancePlan,
 )
 from vllm_fleet.roles import remote
 from vllm_fleet.roles.ops import stale, synced_files
@@ -49,7 +53,7 @@ LIVE_SCRIPTS = ("watchdog.py", "metrics.py")  # run by the watchdog timer of a s
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
 
 
-def base(vh: dict[str, Any], live: bool = True) -> None:
+def base(vh: VllmHostFacts, live: bool = True) -> None:
     """The vllm user, directories, uv and the host tools every vLLM host needs, emitted only when the
     VllmHost fact or the manifest says something is missing (no operation on a converged host); a
     stage (`live` False) leaves the watchdog's scripts to the deploy."""
@@ -135,14 +139,14 @@ def lock_file(release: str) -> str:
     return f"{HOST_WHEELS}/.releases/{release}.lock"
 
 
-def target(plan: HostPlan, vh: dict[str, Any]) -> Target:
+def target(plan: HostPlan, vh: VllmHostFacts) -> Target:
     py = vh.get("python") or []
     if len(py) < 3:
         raise locks.LockError(f"{HOST_PYTHON} does not run, or cannot tell its version and platform")
     return Target.of_host(py[0], py[1], py[2], plan.variant)
 
 
-def lock_of(plan: HostPlan, vh: dict[str, Any]) -> Lock:
+def lock_of(plan: HostPlan, vh: VllmHostFacts) -> Lock:
     """The release's lock for this host's target: resolved once on the controller, then cached."""
     build = plan.install_spec.build
     return locks.resolve(plan.install_spec.install_spec, target(plan, vh), plan.index,
@@ -198,7 +202,7 @@ def build_script(plan: HostPlan, lock: Lock, total_bytes: int = 0) -> tuple[str,
     return "\n".join(lines), cmd
 
 
-def fill_cache(plan: HostPlan, vh: dict[str, Any]) -> list[Path]:
+def fill_cache(plan: HostPlan, vh: VllmHostFacts) -> list[Path]:
     """The controller's store of a release's lock for this host's target, once whatever the host count."""
     return locks.fill_store(lock_of(plan, vh), target(plan, vh), plan.index, log=logger.info)
 
@@ -244,7 +248,7 @@ def send_lock(plan: HostPlan, lock: Lock) -> None:
         raise wheels.WheelCacheError(f"placing the lock for {plan.release} failed: {out.stderr}")
 
 
-def release(plan: HostPlan, vh: dict[str, Any]):
+def release(plan: HostPlan, vh: VllmHostFacts) -> OperationMeta | None:
     """Build the release if the host lacks it; returns the build operation (None when present)."""
     if plan.release in vh["releases"]:
         return None
@@ -276,14 +280,14 @@ def _unpacked_total(plan: HostPlan, lock: Lock, tgt: Target) -> int:
         return 0
 
 
-def _build(state: Any, host: Any, plan: HostPlan, lock: Lock, tgt: Target) -> bool:
+def _build(state: State, host: Host, plan: HostPlan, lock: Lock, tgt: Target) -> bool:
     """The build with its progress lines, its script made here, at execution, when the store holds the
     wheels whose size the progress counts towards."""
     script, _ = build_script(plan, lock, _unpacked_total(plan, lock, tgt))
     return remote.run_live(host, script, f"build of release {plan.release}", "nothing switched")
 
 
-def switch(plan: HostPlan, current: str | None):
+def switch(plan: HostPlan, current: str | None) -> OperationMeta | None:
     """Point /opt/vllm/current at the release with one rename (never a moment without a link)."""
     if current == plan.release:
         return None
@@ -295,7 +299,7 @@ def switch(plan: HostPlan, current: str | None):
                       f"mv -T {CURRENT_LINK}.new.$$ {CURRENT_LINK}")])
 
 
-def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str, marker: bytes,
+def validate(plan: HostPlan, inst: InstancePlan, staged_config: str, staged_environment: str, marker: bytes,
              marker_path: str) -> None:
     """The new release's own vLLM checks the staged config; a rejection stops this host right here.
     It runs with the unit's environment (roles/service.py validator_environment), read from a
@@ -310,7 +314,7 @@ def validate(plan: HostPlan, inst, staged_config: str, staged_environment: str, 
                 command=command, label=f"{inst.name} with {plan.release}")
 
 
-def _validate(state: Any, host: Any, command: str, label: str) -> bool:
+def _validate(state: State, host: Host, command: str, label: str) -> bool:
     """The validator ticks while vLLM imports and builds its config (seconds on a CPU host, more with a
     CUDA build); a rejection fails the host with its verdict."""
     return remote.run_live(host, command, f"validation of {label}", "nothing switched", tail=6)

@@ -148,7 +148,7 @@ def not_ready() -> list[str]:
 def server_states() -> list[tuple[str, ...]]:
     """(load balancer, server, status, admin state, check, sessions) of this host's servers, for
     `vllm-fleet status`."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for b in balancers().values():
         mine = {f"{core.BACKEND}/{s.name}" for s in b.servers_of(host.name)}
         if not mine:

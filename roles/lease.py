@@ -25,18 +25,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING
 
 from pyinfra import host, logger, state
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.state import BaseStateCallback
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback, State
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.operations import python
 
 import vllm_fleet.host
-from vllm_fleet.controller.run import DRY_ATTR, current
+from vllm_fleet.controller.run import DRY_ATTR, HostLease, current
 from vllm_fleet.roles import remote
+
+if TYPE_CHECKING:
+    from paramiko.channel import Channel, ChannelFile
 
 SOURCE = (Path(vllm_fleet.host.__file__).resolve().parent / "lease.py").read_text()
 WAIT_ENV, WAIT_DEFAULT = "VLLM_FLEET_LEASE_WAIT_S", 120.0  # how long a second run waits, then is refused
@@ -64,16 +68,20 @@ class _Channel:
     process for pyinfra's @local connector."""
 
     def __init__(self, command: str):
+        self.chan: Channel | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.out: ChannelFile | IO[bytes]
         if isinstance(host.connector, SSHConnector):
             client = host.connector.client
-            self.chan = client.get_transport().open_session()
+            transport = client.get_transport() if client is not None else None
+            assert transport is not None  # take() opens a channel only on a connected host
+            self.chan = transport.open_session()
             self.chan.exec_command(command)
             self.out = self.chan.makefile("rb")
-            self.proc = None
         else:
-            self.chan = None
             self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            assert self.proc.stdout is not None
             self.out = self.proc.stdout
 
     def send(self, text: str) -> None:
@@ -81,6 +89,7 @@ class _Channel:
         if self.chan is not None:
             self.chan.sendall(data)
         else:
+            assert self.proc is not None and self.proc.stdin is not None  # the local process's pipe
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
 
@@ -90,12 +99,14 @@ class _Channel:
     def stderr(self) -> str:
         if self.chan is not None:
             return self.chan.makefile_stderr("rb").read().decode(errors="replace").strip()
+        assert self.proc is not None and self.proc.stderr is not None
         return self.proc.stderr.read().decode(errors="replace").strip()
 
     def close(self) -> None:
         if self.chan is not None:
             self.chan.close()
-        elif self.proc.poll() is None:
+        elif self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
 
@@ -138,8 +149,9 @@ def _dry() -> bool:
     return bool(getattr(state, DRY_ATTR, False) or (pyinfra.is_cli and "--dry" in sys.argv))
 
 
-def holder(what: str) -> dict[str, Any]:
-    login = current().logins.get(host.name, {}).get("user") or host.data.get("ssh_user") or "root"
+def holder(what: str) -> dict[str, str | int]:
+    checked = current().logins.get(host.name)
+    login = (checked["user"] if checked else None) or host.data.get("ssh_user") or "root"
     command = " ".join([what + ":", os.path.basename(sys.argv[0]), *sys.argv[1:]])[:200]
     return {"controller": socket.gethostname(), "operator": getpass.getuser(), "login": login,
             "pid": os.getpid(), "command": command,
@@ -211,7 +223,7 @@ def _at_exit() -> None:
     _UNRELEASED.clear()
 
 
-def _still_held(state: Any, host: Any) -> bool:
+def _still_held(state: State, host: Host) -> bool:
     """pyinfra's callback status: False fails the host before any operation changes it."""
     held = current().leases.get(host.name)
     said = held.ask("check", ("ok", "lost")) if held else "ok"
@@ -232,7 +244,7 @@ def confirm_op() -> None:
         python.call(name="host lease still held", function=_still_held)
 
 
-def give_back(name: str, leases: dict[str, Held]) -> None:
+def give_back(name: str, leases: dict[str, HostLease]) -> None:
     held = leases.pop(name, None)
     if held is not None:
         _UNRELEASED.pop(id(held), None)
@@ -241,8 +253,10 @@ def give_back(name: str, leases: dict[str, Held]) -> None:
 
 
 class _GiveBack(BaseStateCallback):
-    def __init__(self, leases: dict[str, Held]):
+    def __init__(self, leases: dict[str, HostLease]):
         self.leases = leases
 
-    def host_disconnect(self, state, host) -> None:
+    # pyinfra declares its callbacks static, but calls them on the handler it was given
+    # (State.trigger_callbacks: getattr(handler, name)(state, ...)): a method gets the same call
+    def host_disconnect(self, state: State, host: Host) -> None:  # type: ignore[override]
         give_back(host.name, self.leases)

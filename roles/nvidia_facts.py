@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
 
 from pyinfra.api import FactBase
 
@@ -38,6 +37,7 @@ from vllm_fleet.core.gpus import (
     parse_smi_minors,
     with_minors,
 )
+from vllm_fleet.core.hostfacts import NvidiaGpusFacts
 
 MARK = "@@fleet"
 # Tried in order until nvidia-smi stops answering 'Field "..." is not a valid field to query.':
@@ -165,7 +165,7 @@ class NvidiaDriver(FactBase[DriverVersion | None]):
         return _driver(_sections(output).get("driver", []))[0]
 
 
-class NvidiaGpus(FactBase[dict[str, Any]]):
+class NvidiaGpus(FactBase[NvidiaGpusFacts]):
     """
     Returns the host's NVIDIA GPUs, its driver version and the problem, if any, that stops them being used.
 
@@ -214,7 +214,7 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
     rdma_dir = "/dev/infiniband"
 
     @staticmethod
-    def default() -> dict[str, Any]:
+    def default() -> NvidiaGpusFacts:
         return {
             "gpus": [],
             "driver": None,
@@ -242,7 +242,7 @@ class NvidiaGpus(FactBase[dict[str, Any]]):
             + _driver_sh(self.proc_version_path, self.modinfo_command)
         )
 
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> NvidiaGpusFacts:
         sections = _sections(output)
         result = self.default()
         result["driver"], result["driver_source"] = _driver(sections.get("driver", []))

@@ -11,6 +11,7 @@ import os
 import secrets
 import shlex
 import time
+from collections.abc import Sequence
 from io import BytesIO
 
 from pyinfra import host, logger, state
@@ -20,6 +21,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from vllm_fleet.controller.paths import CACHE_DIR
 from vllm_fleet.controller.run import current
+from vllm_fleet.core.hostfacts import ManifestFacts
 from vllm_fleet.core.plan import SUMS
 from vllm_fleet.roles import remote
 
@@ -37,6 +39,9 @@ class Secret:
         return "<redacted>"
 
     __str__ = __repr__
+
+
+Content = str | bytes | Secret  # what a file is made from: a controller path, bytes, or a Secret
 
 
 # A cache of the hosts' own checksums, keyed by each file's size, mtime, ctime and inode: a file whose
@@ -129,7 +134,7 @@ def record_command(written: list[tuple[str, str]]) -> str:
     return shlex.join(["python3", "-c", _RECORD_PY, SUMS, *(x for pair in written for x in pair)])
 
 
-class Manifest(FactBase):
+class Manifest(FactBase[ManifestFacts]):
     """
     Returns sha256, owner, group and mode of many files in one remote command; for a secret file
     (is_secret_path) its marker's HMAC instead, or "unverified", never a digest of the file. Reads the
@@ -143,8 +148,8 @@ class Manifest(FactBase):
     def command(self, paths: tuple[str, ...]) -> str:
         return shlex.join(["python3", "-c", _MANIFEST_PY, SUMS, *paths])
 
-    def process(self, output):
-        out = {}
+    def process(self, output: list[str]) -> ManifestFacts:
+        out: ManifestFacts = {}
         for line in output:
             sha, user, group, mode, path = line.split(" ", 4)
             out[path] = None if sha == "-" else (sha, user, group, mode)
@@ -179,7 +184,7 @@ def _salt() -> bytes:
     return bytes.fromhex(SALT.read_text().strip())
 
 
-def secret_digest(src: str | bytes | Secret) -> str:
+def secret_digest(src: Content) -> str:
     """What a secret file's marker holds: useless for checking a guessed key without the salt."""
     return "hmac-sha256:" + hmac.new(_salt(), _bytes(src), hashlib.sha256).hexdigest()
 
@@ -197,7 +202,7 @@ os.replace(m + ".tmp", m)
 """
 
 
-def marker_command(dest: str, src: str | bytes | Secret) -> str:
+def marker_command(dest: str, src: Content) -> str:
     """Root writes the marker of a secret file just put in place (the HMAC in argv reveals nothing)."""
     return shlex.join(["python3", "-c", _MARKER_PY, dest, secret_digest(src)])
 
@@ -206,8 +211,8 @@ def _mode(mode: str) -> str:
     return mode.lstrip("0") or "0"
 
 
-def stale(files: list[tuple[str | bytes | Secret, str]], user: str, group: str, mode: str,
-          paths: tuple[str, ...] | None = None) -> list:
+def stale(files: Sequence[tuple[Content, str]], user: str, group: str, mode: str,
+          paths: tuple[str, ...] | None = None) -> list[tuple[Content, str]]:
     """The (content, dest) pairs whose host copy differs in content, owner or mode: one remote command
     (pyinfra caches a fact per arguments, so callers sharing `paths` share that one command)."""
     key = (host.name, paths or tuple(dest for _, dest in files))
@@ -238,7 +243,7 @@ def _local_sums() -> dict[str, list]:
     return {}
 
 
-def sha256(src: str | bytes | Secret) -> str:
+def sha256(src: Content) -> str:
     """A controller file is hashed once per change, not once per host or per run."""
     if not isinstance(src, str):
         return hashlib.sha256(_bytes(src)).hexdigest()
@@ -264,7 +269,7 @@ def sha256(src: str | bytes | Secret) -> str:
     return sha
 
 
-def _bytes(src: str | bytes | Secret) -> bytes:
+def _bytes(src: Content) -> bytes:
     if isinstance(src, Secret):
         return src.reveal().encode()
     if isinstance(src, bytes):
@@ -276,7 +281,7 @@ def _bytes(src: str | bytes | Secret) -> bytes:
 DIFF_MAX = 1 << 20  # a larger file (weights, uv) is named, not shown
 
 
-def _text(src: str | bytes | Secret) -> list[str] | None:
+def _text(src: Content) -> list[str] | None:
     """The content's lines, or None for binary or large content."""
     if isinstance(src, str) and os.path.getsize(src) > DIFF_MAX:
         return None
@@ -289,7 +294,7 @@ def _text(src: str | bytes | Secret) -> list[str] | None:
         return None
 
 
-def show_diff(src: str | bytes | Secret, dest: str, mode: str) -> None:
+def show_diff(src: Content, dest: str, mode: str) -> None:
     """What --diff prints for a file synced_files will write, like files.put does: the unified diff of
     the host's copy against the new content. A secret or any 0600 file (the environment files, staged
     copies) only says that it changes: its values are the operator's, not the log's."""
@@ -311,7 +316,7 @@ def show_diff(src: str | bytes | Secret, dest: str, mode: str) -> None:
 
 
 @operation()
-def synced_files(files: list[tuple[str | bytes | Secret, str]], user: str = "root", group: str = "root",
+def synced_files(files: Sequence[tuple[Content, str]], user: str = "root", group: str = "root",
                  mode: str = "644", staging_dir: str = "/etc/vllm/.staging",
                  paths: tuple[str, ...] | None = None):
     """

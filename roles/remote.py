@@ -23,8 +23,11 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.host import Host
+from pyinfra.connectors.util import CommandOutput
 
 from vllm_fleet.controller.run import current
+from vllm_fleet.core.hostfacts import LoginFacts
 from vllm_fleet.host.hoststate import UPLOADS
 
 # What the docs tell an operator to install on each host for the login (docs/operations.md).
@@ -41,7 +44,7 @@ class LoginRefused(PyinfraError):
     """The login cannot become root without a person typing a password: nothing was run as root."""
 
 
-class LoginAccess(FactBase):
+class LoginAccess(FactBase[LoginFacts]):
     """
     Returns who the login is and whether it can become root without a password, read *without* sudo
     (pyinfra would otherwise prompt for a password at the first sudo command):
@@ -60,8 +63,8 @@ class LoginAccess(FactBase):
                 "elif out=$(sudo -H -n sh -c 'id -u' 2>&1); then echo \"sudo ok $out\"; "
                 "else echo \"sudo no $out\" | head -n 1; fi")
 
-    def process(self, output):
-        found: dict[str, Any] = {"user": "?", "uid": -1, "home": "", "sudo": "no", "sudo_says": ""}
+    def process(self, output: list[str]) -> LoginFacts:
+        found: LoginFacts = {"user": "?", "uid": -1, "home": "", "sudo": "no", "sudo_says": ""}
         for line in output:
             key, _, value = line.partition(" ")
             if key == "uid":
@@ -69,8 +72,10 @@ class LoginAccess(FactBase):
             elif key == "sudo":
                 word, _, rest = value.partition(" ")
                 found["sudo"], found["sudo_says"] = word, rest.strip()
-            elif key in ("user", "home"):
-                found[key] = value.strip()
+            elif key == "user":
+                found["user"] = value.strip()
+            elif key == "home":
+                found["home"] = value.strip()
         if found["sudo"] == "ok" and found["sudo_says"] != "0":  # sudo ran, but not as root
             found["sudo"] = "no"
         return found
@@ -79,7 +84,7 @@ class LoginAccess(FactBase):
 _UNSUPPORTED = ("_su_user", "_doas", "_dzdo")
 
 
-def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str | None:
+def login_problem(name: str, login: LoginFacts, args: dict[str, Any]) -> str | None:
     """Why this login cannot deploy (None when it can): pure, from LoginAccess and the host's
     resolved connector arguments."""
     user = login["user"]
@@ -110,14 +115,14 @@ def login_problem(name: str, login: dict[str, Any], args: dict[str, Any]) -> str
     return None
 
 
-def connector_arguments(on=None) -> dict[str, Any]:
+def connector_arguments(on: Host | None = None) -> dict[str, Any]:
     """A host's sudo (and shell) settings, resolved as pyinfra resolves them for an operation:
     deploy kwargs, then host data, then config (`--sudo` on the command line)."""
     args, _ = pop_global_arguments(state, host if on is None else on, {})
     return {k: v for k, v in args.items() if k in CONNECTOR_ARGUMENT_KEYS}
 
 
-def login_problem_of(on=None) -> str | None:
+def login_problem_of(on: Host | None = None) -> str | None:
     """Why this host's login cannot become root (None when it can); read once per run and host."""
     h = host if on is None else on
     logins = current().logins
@@ -133,7 +138,7 @@ def login_problem_of(on=None) -> str | None:
     return None
 
 
-def check_login() -> dict[str, Any]:
+def check_login() -> LoginFacts:
     """Collection time, before any command as root: refuse a login that cannot deploy."""
     problem = login_problem_of()
     if problem:
@@ -160,13 +165,13 @@ def make_upload_dir(path: str) -> str:
             f"install -d -m 0700 -o {user} -g \"$(id -g {user})\" {shlex.quote(path)}")
 
 
-def run(command: str, on=None) -> tuple[bool, Any]:
+def run(command: str, on: Host | None = None) -> tuple[bool, CommandOutput]:
     """A command run from a callback (commit, restore, journal, wheel unpacking, bench, a load
     balancer's drain), as root through that host's own sudo settings, exactly like an operation's."""
     return (host if on is None else on).run_shell_command(command, **connector_arguments(on))
 
 
-def run_live(on: Any, command: str, what: str, unharmed: str, tail: int = 4) -> bool:
+def run_live(on: Host, command: str, what: str, unharmed: str, tail: int = 4) -> bool:
     """A long step run from a callback (a build, a fetch, a validation) whose progress lines appear in
     pyinfra's output as they come; a failure fails the host with the step's last words and what it
     left untouched (`unharmed`), as a plain message, no traceback."""

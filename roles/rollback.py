@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
 from pyinfra.context import ctx_host
 from pyinfra.operations import python
 
+from vllm_fleet.core.plan import HostPlan
 from vllm_fleet.roles import lb, lease, smoke
 from vllm_fleet.roles.facts import VllmHost
 from vllm_fleet.roles.hostplan import Refused, plan_this_host, this_host
 
 
-def _rollback(state, host, plan) -> bool:
+def _rollback(state: State, host: Host, plan: HostPlan) -> bool:
     """pyinfra passes (state, host) to a callback that takes them; a failure is reported as the
     deploy's smoke test reports one (kept for the run's record, logged without a traceback)."""
     with ctx_host.use(host):

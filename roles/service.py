@@ -6,9 +6,11 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypedDict
 
 from pyinfra import host, logger
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
 from pyinfra.operations import files, python, server, systemd
 
 from vllm_fleet.controller.run import current
@@ -16,7 +18,7 @@ from vllm_fleet.core import render
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.hub import TOKEN_SUFFIX
 from vllm_fleet.core.plan import STAGED, HostPlan, InstancePlan
-from vllm_fleet.roles.ops import Secret, marker_path, stale, synced_files
+from vllm_fleet.roles.ops import Content, Secret, marker_path, stale, synced_files
 
 # vLLM reads its config's settings from these, but as root they would put caches into vllm's home
 _NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
@@ -165,7 +167,7 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     get_fact would be a second remote command), so a converged host costs two remote commands.
     """
     config = [(render.serve_config(plan, inst).encode(), inst.config_path)]
-    env = [(Secret(render.env_file(inst, os.environ)), inst.env_path),
+    env: list[tuple[Content, str]] = [(Secret(render.env_file(inst, os.environ)), inst.env_path),
            (render.environment_file(inst).encode(), inst.environment_path)]
     unit = [(render.unit(plan, inst).encode(), f"/etc/systemd/system/{inst.unit}")]
     paths = instance_paths(inst)
@@ -199,18 +201,24 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
     return changed
 
 
+class _When(TypedDict, total=False):
+    """An operation's condition, where it has one (pyinfra's own default otherwise)."""
+
+    _if: Callable[[], bool]
+
+
 def group_barrier(node: NodeRole, changed: bool) -> None:
     """Before a node switches, writes or restarts anything: every node of its group must have staged and
     validated. Without it a head restarted into the group while a worker had failed its validation,
     and waited out its ready timeout for a peer that never came. Only where this node changes, or
     another node's change would restart it."""
     group, changed_groups = node.store, current().cluster_changed
+    when: _When = {} if changed else {"_if": lambda: changed_groups.get(group, False)}
     python.call(name=f"every node of cluster {node.cluster} passed its checks", function=group_intact,
-                nodes=node.nodes, cluster=node.cluster,
-                **({} if changed else {"_if": lambda: changed_groups.get(group, False)}))
+                nodes=node.nodes, cluster=node.cluster, **when)
 
 
-def group_intact(state: Any, host: Any, nodes: tuple[str, ...], cluster: str) -> bool:
+def group_intact(state: State, host: Host, nodes: tuple[str, ...], cluster: str) -> bool:
     """pyinfra runs each operation on every host before the next, so when this runs every node of the
     group has been through its own checks: a node that failed them fails this one too."""
     failed = sorted(h.name for h in state.failed_hosts if h.name in nodes and h.name != host.name)

@@ -16,16 +16,20 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
 
 from vllm_fleet.controller import smoke
 from vllm_fleet.controller.run import FleetRun, current
 from vllm_fleet.core.cluster import NodeRole
+from vllm_fleet.core.hostfacts import ListenerFacts
 from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
 from vllm_fleet.host import effective
 from vllm_fleet.host.watchdog import probe_address
@@ -193,7 +197,7 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
     return result
 
 
-def port_listeners() -> list[dict] | None:
+def port_listeners() -> list[ListenerFacts] | None:
     """The host's TCP listeners with each one's unit, read now (roles/facts.py, as the fact reads
     them)."""
     ok, out = run(LISTEN_SH)
@@ -429,13 +433,13 @@ def smoked(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: b
         yield FunctionCommand(_verdict, (), kwargs)
         return
     try:
-        verify(**kwargs)
+        verify(plan, changed, wait=wait, had_state=had_state, restarted=restarted, live=live)
     except Exception as e:  # the host fails through the operation, with the same message
         current().verdicts[host.name] = e
         yield FunctionCommand(report_failure, (), {"error": e})
 
 
-def _verdict(state, host, **kwargs) -> bool:
+def _verdict(state: State, host: Host, **kwargs: Any) -> bool:
     """verify() as the operation's command: a failure is logged (no traceback) and kept for the
     rollback operation and the run's record (what a rollout reads)."""
     with ctx_host.use(host):
@@ -447,7 +451,7 @@ def _verdict(state, host, **kwargs) -> bool:
     return True
 
 
-def report_failure(state, host, error: Exception) -> bool:
+def report_failure(state: State, host: Host, error: Exception) -> bool:
     current().fail(host.name, error)  # the rollback's own reason replaces it, if one follows
     host.log_styled(str(error), fg="red", log_func=logger.error)
     return False
@@ -461,7 +465,7 @@ def rolled_back(plan: HostPlan) -> Generator[FunctionCommand, None, None]:
         yield FunctionCommand(_roll_back, (), {"plan": plan})
 
 
-def _roll_back(state, host, plan: HostPlan) -> bool:
+def _roll_back(state: State, host: Host, plan: HostPlan) -> bool:
     with ctx_host.use(host):
         failed = current().verdicts.pop(host.name)
         if not isinstance(failed, ChangeFailed):  # already reported by the smoke test

@@ -14,10 +14,11 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from pyinfra import host, inventory, logger
 from pyinfra.api import deploy
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
 from pyinfra.operations import python
 
 from vllm_fleet.controller.run import current
@@ -81,7 +82,7 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _write(state: Any, host: Any, path: str, plans: dict[str, tuple[HostPlan, str]],
+def _write(state: State, host: Host, path: str, plans: dict[str, tuple[HostPlan, str]],
            summary: list[str]) -> bool:
     """pyinfra passes (state, host) to a callback that takes them; False fails the host, no traceback."""
     expected = {h.name for h in inventory if state.is_host_in_limit(h)
@@ -99,7 +100,7 @@ def _write(state: Any, host: Any, path: str, plans: dict[str, tuple[HostPlan, st
     return True
 
 
-def _fail(host: Any, summary: list[str], message: str) -> bool:
+def _fail(host: Host, summary: list[str], message: str) -> bool:
     host.log_styled(f"targets: {message}", fg="red", log_func=logger.error)
     summary.append(f"targets: {message}")
     return False

@@ -10,16 +10,20 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import OperationMeta
+from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 from pyinfra.operations import python, server
 
 from vllm_fleet.controller.run import current
 from vllm_fleet.controller.wheels import WheelCacheError
+from vllm_fleet.core.hostfacts import VllmHostFacts
 from vllm_fleet.core.lock import LockError
 from vllm_fleet.core.plan import (
     STAGED,
@@ -42,6 +46,10 @@ from vllm_fleet.roles.hostplan import (
 from vllm_fleet.roles.ops import prefetch
 from vllm_fleet.roles.smoke import commit_op, verify_op
 
+if TYPE_CHECKING:
+    from vllm_fleet.core.plan import HostFacts
+    from vllm_fleet.core.report import PlanRow
+
 
 def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, lock: str) -> bool:
     """Stage the config when something live would change, and validate it with the release unless
@@ -55,7 +63,7 @@ def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, 
     return staged
 
 
-def release_op(plan: HostPlan, vh: dict[str, Any]):
+def release_op(plan: HostPlan, vh: VllmHostFacts) -> OperationMeta | None:
     """The release's build from its lock, or None when the host has it; a lock that cannot be resolved
     or must not be installed is a refusal before this host is touched."""
     try:
@@ -64,7 +72,7 @@ def release_op(plan: HostPlan, vh: dict[str, Any]):
         raise Refused(f"refused, nothing was changed:\n  {e}") from None
 
 
-def lock_digest(plan: HostPlan, vh: dict[str, Any]) -> str:
+def lock_digest(plan: HostPlan, vh: VllmHostFacts) -> str:
     """The lock of the release a deploy or stage goes to, after release_op: the installed release's own
     (read on the host), else the one its build installs (resolved already, read from the cache)."""
     if plan.release in vh["releases"]:
@@ -115,7 +123,7 @@ def deploy_vllm() -> None:
         raise
 
 
-def _prepared(live: bool = True) -> tuple[HostPlan, dict[str, Any]] | None:
+def _prepared(live: bool = True) -> tuple[HostPlan, VllmHostFacts] | None:
     """This host's plan, its files' state read in one command, and its base (user, directories, uv,
     tools); None for a host that is not a vLLM host. Shared by the deploy and the stage."""
     spec = this_host()
@@ -123,7 +131,9 @@ def _prepared(live: bool = True) -> tuple[HostPlan, dict[str, Any]] | None:
         return None
     lease.take("deploy" if live else "stage")  # before any fact: what it plans from is not mid-change
     lease.confirm_op()
-    plan, vh = plan_this_host(spec)
+    # TEMPORARY cast (3 in this file): until roles/hostplan.py's plan_this_host and host_facts are annotated
+    # with VllmHostFacts, as they return it; mypy then calls each cast redundant
+    plan, vh = cast("tuple[HostPlan, VllmHostFacts]", plan_this_host(spec))
     prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
@@ -206,7 +216,7 @@ def _deploy_vllm() -> None:
     lb.ready_op(drains=bool(drained))
 
 
-def _record_lags(plan: HostPlan, vh: dict[str, Any]) -> bool:
+def _record_lags(plan: HostPlan, vh: VllmHostFacts) -> bool:
     """Whether the host's recorded state differs from what is live (release, config, environment or
     unit of an instance), read from the facts the deploy has already: no extra remote command."""
     recorded = (vh["state"] or {}).get("current") or {}
@@ -289,7 +299,7 @@ def plan_vllm() -> None:
     spec = this_host(check_secrets=False)
     if spec is None:
         return
-    facts, vh = host_facts(spec)
+    facts, vh = cast("tuple[HostFacts, VllmHostFacts]", host_facts(spec))  # TEMPORARY, as in _prepared
     row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
                          driver=str(facts.driver) if facts.driver else "-")
     rows.append(row)
@@ -323,7 +333,7 @@ def plan_vllm() -> None:
     row.warnings = list(plan.warnings)
 
 
-def _unreachable_rows(st: Any) -> list[Any]:
+def _unreachable_rows(st: State) -> list[PlanRow]:
     """A vLLM host pyinfra could not connect to gets its own row; the others are planned all the same."""
     from vllm_fleet.core import report
 
@@ -334,7 +344,7 @@ def _unreachable_rows(st: Any) -> list[Any]:
             and is_vllm_host(h.data.get("vllm"))]
 
 
-def _refused(state: Any, host: Any, reason: str) -> bool:
+def _refused(state: State, host: Host, reason: str) -> bool:
     """pyinfra calls a callback taking (state, host) for its status: False fails the host, no traceback."""
     host.log_styled(f"refused: {reason}", fg="red", log_func=logger.error)
     return False
@@ -364,7 +374,7 @@ def check_vllm() -> None:
     spec = this_host()
     if spec is None:
         return
-    plan, vh = plan_this_host(spec, hub_reads=False)
+    plan, vh = cast("tuple[HostPlan, VllmHostFacts]", plan_this_host(spec, hub_reads=False))  # TEMPORARY
     recorded = (vh["state"] or {}).get("current") or {}
     config_hash = hashlib.sha256(json.dumps(recorded.get("files", {}), sort_keys=True).encode()).hexdigest()
     for inst in plan.instances:

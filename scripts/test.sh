@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 source scripts/lab-env.sh
 t0=$SECONDS
 .venv/bin/ruff check . || exit 1
+bash scripts/typecheck.sh || exit 1
 .venv/bin/pytest -q -rP -p no:cacheprovider tests/unit tests/facts || exit 1
 echo "test: fast tiers in $((SECONDS - t0)) s"
 t1=$SECONDS

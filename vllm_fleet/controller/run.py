@@ -14,37 +14,59 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyinfra import logger
-from pyinfra.api.state import BaseStateCallback
+from pyinfra.api.state import BaseStateCallback, State
 from pyinfra.context import ctx_state
+
+if TYPE_CHECKING:
+    from pyinfra.api.host import Host
+
+    from vllm_fleet.controller.hub import HubError
+    from vllm_fleet.controller.smoke import SmokeResult
+    from vllm_fleet.core.cluster import NodeRole
+    from vllm_fleet.core.hostfacts import HubCacheFacts, LoginFacts, ManifestFacts
+    from vllm_fleet.core.hub import HubSnapshot
+    from vllm_fleet.core.lb import Balancer
+    from vllm_fleet.core.spec import HostSpec
 
 OUTCOME_ENV = "VLLM_FLEET_RUN_JSON"  # where a run writes its outcome (FleetRun.summary), if set
 DRY_ATTR = "_vllm_fleet_dry"  # set on the State by controller/runner.py for a dry run: it holds no lease
 
 
+class HostLease(Protocol):
+    """A host lease this run holds (vllm_fleet.roles.lease.Held): what the run's other steps ask of it."""
+
+    token: str
+
+    def ask(self, what: str, until: tuple[str, ...]) -> str: ...
+
+    def release(self) -> bool: ...
+
+
 @dataclass
 class FleetRun:
-    specs: dict[str, Any] | None = None  # host -> HostSpec, the whole inventory validated once
+    specs: dict[str, HostSpec] | None = None  # host -> its spec, the whole inventory validated once
     skipped: list[str] = field(default_factory=list)  # hosts without vllm data
-    nodes: dict[str, Any] = field(default_factory=dict)  # host -> cluster.NodeRole
-    logins: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> LoginAccess fact
-    manifests: dict[tuple[str, tuple[str, ...]], dict] = field(default_factory=dict)  # (host, paths)
-    results: list[Any] = field(default_factory=list)  # smoke.SmokeResult, every host's
+    nodes: dict[str, NodeRole] = field(default_factory=dict)  # host -> its place in a node group
+    logins: dict[str, LoginFacts] = field(default_factory=dict)  # host -> LoginAccess fact
+    manifests: dict[tuple[str, tuple[str, ...]], ManifestFacts] = field(default_factory=dict)  # (host, paths)
+    results: list[SmokeResult] = field(default_factory=list)  # every host's smoke results
     # node group (NodeRole.store) -> what its head decided: "ok", "rollback" or "failed"
     outcome: dict[str, str] = field(default_factory=dict)
     # node group -> some node's files changed in this run; read when the operations execute
     cluster_changed: dict[str, bool] = field(default_factory=dict)
-    balancers: dict[str, Any] | None = None  # host -> lb.Balancer, validated once
-    rows: dict[str, Any] = field(default_factory=dict)  # a report's rows (a list, or a dict by host)
+    balancers: dict[str, Balancer] | None = None  # host -> its load balancer, validated once
+    # a report's rows (a list, or a dict by host), each report's own type, by report name
+    rows: dict[str, Any] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # host -> why the deploy failed it
     # host -> its failed smoke test, for the rollback operation after it (smoke.ChangeFailed: a change)
     verdicts: dict[str, Exception] = field(default_factory=dict)
-    # (endpoint, repo, revision, token variable) -> core.hub.HubSnapshot or the HubError, asked once per run
-    hub: dict[tuple, Any] = field(default_factory=dict)
-    hub_caches: dict[tuple[str, str], dict] = field(default_factory=dict)  # (host, snapshot) -> HubCache
-    leases: dict[str, Any] = field(default_factory=dict)  # host -> lease.Held, this run's host leases
+    # (endpoint, repo, revision, token variable) -> the snapshot or why not, asked once per run
+    hub: dict[tuple[str, str, str, str | None], HubSnapshot | HubError] = field(default_factory=dict)
+    hub_caches: dict[tuple[str, str], HubCacheFacts] = field(default_factory=dict)  # (host, snapshot)
+    leases: dict[str, HostLease] = field(default_factory=dict)  # host -> this run's host lease
     _at_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     _printed: bool = False
 
@@ -62,7 +84,7 @@ class FleetRun:
         reason = next((ln for ln in lines if ln.startswith(f"{host_name}:")), lines[0] if lines else "")
         self.failures.setdefault(host_name, reason)
 
-    def summary(self, state) -> dict[str, Any]:
+    def summary(self, state: State) -> dict[str, Any]:
         """Each host of the run (the limit's): whether it connected, whether it failed and why, and the
         smoke results; what `vllm-fleet rollout` reads instead of pyinfra's printed output, and what a
         plain `pyinfra` run writes to $VLLM_FLEET_RUN_JSON for a caller outside this process."""
@@ -74,7 +96,7 @@ class FleetRun:
                  for h in state.inventory if state.is_host_in_limit(h)}
         return {"hosts": hosts, "smoke": [r.as_dict() for r in self.results]}
 
-    def finish(self, state=None) -> None:
+    def finish(self, state: State | None = None) -> None:
         if self._printed:
             return
         self._printed = True
@@ -96,7 +118,9 @@ class _Finish(BaseStateCallback):
         self.run = run
         self.waiting: set[str] | None = None
 
-    def host_disconnect(self, state, host) -> None:
+    # pyinfra declares its callbacks static, but calls them on the handler it was given
+    # (State.trigger_callbacks: getattr(handler, name)(state, ...)): a method gets the same call
+    def host_disconnect(self, state: State, host: Host) -> None:  # type: ignore[override]
         if self.waiting is None:
             self.waiting = {h.name for h in state.activated_hosts}
         self.waiting.discard(host.name)

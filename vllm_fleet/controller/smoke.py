@@ -17,12 +17,16 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
 
 import certifi
 import httpx
 
 from vllm_fleet.core.tables import columns
 from vllm_fleet.host.metrics import Live, parse
+
+if TYPE_CHECKING:
+    from vllm_fleet.core.hostfacts import ListenerFacts
 
 SMOKE_TOKENS = 4
 
@@ -85,7 +89,7 @@ def _timed(fn: Callable[[], Check]) -> Check:
 _WILDCARD = ("*", "0.0.0.0", "::")
 
 
-def holder_check(listeners: list[dict] | None, address: str, port: int, unit: str) -> Check | None:
+def holder_check(listeners: list[ListenerFacts] | None, address: str, port: int, unit: str) -> Check | None:
     """Who listens where the smoke test connects (address:port on the host), read just before the key
     is sent: None when every listener that could take the connection is the unit's own process. During a
     restart the port is free for a moment, and a local user who binds it first would otherwise receive

@@ -79,8 +79,8 @@ def parse(output: str) -> BenchResult:
     if missing:
         raise BenchError(f"benchmark report lacks {', '.join(missing)}")
     values = {name: raw[label] for label, name in FIELDS.items()}
-    values["successful"], values["failed"] = int(values["successful"]), int(values["failed"])
-    return BenchResult(**values, raw=raw)
+    successful, failed = int(values.pop("successful")), int(values.pop("failed"))
+    return BenchResult(successful=successful, failed=failed, **values, raw=raw)
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 
-def did_you_mean(given: object, options: Sequence[str], n: int = 3) -> str:
+def did_you_mean(given: object, options: Iterable[str], n: int = 3) -> str:
     """"; did you mean a, b?" for the names closest to a misspelt one, or "" when none is close: every
     refusal of an unknown key or flag says it the same way."""
     close = difflib.get_close_matches(str(given), list(options), n=n, cutoff=0.6)

@@ -160,14 +160,18 @@ class GpuHealth:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+def _value(node: _Node | None) -> str | None:
+    return node.value if node else None
+
+
 def _flag(node: _Node | None) -> bool | None:
-    word = _word(node.value) if node else None
+    word = _word(_value(node))
     return None if word is None else word in ("Yes", "Active", "Enabled")
 
 
 def _gpu_health(bus_id: str | None, position: int, root: _Node) -> GpuHealth:
     ecc = root.find("ECC Errors")
-    ecc_off = _word(root.find("ECC Mode", "Current").value if root.find("ECC Mode", "Current") else None)
+    ecc_off = _word(_value(root.find("ECC Mode", "Current")))
     volatile = _uncorrectable(ecc.find("Volatile") if ecc else None)
     aggregate = _uncorrectable(ecc.find("Aggregate") if ecc else None)
     if ecc_off == "Disabled":
@@ -180,14 +184,12 @@ def _gpu_health(bus_id: str | None, position: int, root: _Node) -> GpuHealth:
     active = {name for name, node in reasons.walk() if _flag(node)} if reasons else set()
     return GpuHealth(
         bus_id=bus_id, position=position,
-        minor=_int(root.find("Minor Number").value) if root.find("Minor Number") else None,
-        name=root.find("Product Name").value if root.find("Product Name") else None,
+        minor=_int(_value(root.find("Minor Number"))),
+        name=_value(root.find("Product Name")),
         ecc_volatile_uncorrectable=volatile, ecc_aggregate_uncorrectable=aggregate,
-        retired_double_bit=_int(pages.find("Double Bit ECC").value) if pages and pages.find("Double Bit ECC")
-        else None,
+        retired_double_bit=_int(_value(pages.find("Double Bit ECC"))) if pages else None,
         retirement_pending=_flag(pending_page),
-        remapped_uncorrectable=_int(rows.find("Uncorrectable Error").value)
-        if rows and rows.find("Uncorrectable Error") else None,
+        remapped_uncorrectable=_int(_value(rows.find("Uncorrectable Error"))) if rows else None,
         remap_pending=_flag(rows.find("Pending")) if rows else None,
         remap_failure=_flag(rows.find("Remapping Failure Occurred")) if rows else None,
         throttle=tuple(r for r in THROTTLE_REASONS if r in active),

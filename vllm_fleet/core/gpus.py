@@ -291,7 +291,7 @@ def parse_driver_version(text: str) -> DriverVersion:
 
 # --- nvidia-smi table, -L and -q ------------------------------------------------------------------------
 class SmiTableGpu(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, as nvidia-smi names it; shadows tuple.index
     name: str  # as shown: the old 79-column table cuts long names ("Tesla V100-SXM2...")
     memory_mib: int | None  # None when the capture ends before the row's memory line
     bus_id: str
@@ -344,7 +344,7 @@ def parse_smi_table(text: str) -> SmiTable:
 
 
 class SmiListGpu(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index, as nvidia-smi names it; shadows tuple.index
     name: str
     uuid: str
     mig_devices: tuple[str, ...]  # MIG profiles listed under the GPU ("1g.20gb", ...)
@@ -393,7 +393,7 @@ def parse_smi_query(text: str) -> SmiQuery:
     for index, (bus, body) in enumerate(zip(blocks[1::2], blocks[2::2], strict=True)):
         lines = body.splitlines()
         # The GPU's own attributes are indented by exactly four spaces; deeper ones belong to sub-sections.
-        values = dict(m.groups() for ln in lines if (m := re.match(r"^ {4}(\S[^:]*?)\s*:\s*(.*)$", ln)))
+        values = {m[1]: m[2] for ln in lines if (m := re.match(r"^ {4}(\S[^:]*?)\s*:\s*(.*)$", ln))}
         memory = mig = None
         for i, ln in enumerate(lines):
             if ln.rstrip() == "    FB Memory Usage" and i + 1 < len(lines):

@@ -141,7 +141,8 @@ def explain(key: str) -> str:
     if not found:
         raise KeyError(f"{key!r} is not an inventory key; `vllm-fleet explain` lists them")
     out = []
-    models = {"": HostSpec, "instances": InstanceSpec, "watchdog": WatchdogSpec, "flags": ServeFlags}
+    models: dict[str, type[BaseModel]] = {"": HostSpec, "instances": InstanceSpec, "watchdog": WatchdogSpec,
+                                          "flags": ServeFlags}
     for k in found:
         section, _, name = k.rpartition(".")
         _, default, source, meaning = row(models[section], name)

@@ -42,7 +42,7 @@ class LbSpec(BaseModel):
     # draining around restarts; off only to measure what clients see without it
     drain: bool = True
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
 
 @dataclass(frozen=True)

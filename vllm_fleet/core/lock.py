@@ -241,9 +241,9 @@ def settings_for(variant_index_url: str | None, variant_extra: Sequence[str], va
     """The fleet's own index settings replace the variant table's public indexes (download.pytorch.org,
     wheels.vllm.ai); without them the table's are used, unless the controller is told to skip them."""
     if fleet:
-        extra = fleet.get("extra_index_urls") or ()
+        extra = fleet.get("extra_index_urls")
         return IndexSettings(str(fleet["index_url"]) if fleet.get("index_url") else None,
-                             tuple(str(u) for u in extra),  # type: ignore[union-attr]
+                             tuple(str(u) for u in extra) if isinstance(extra, list | tuple) else (),
                              str(fleet["index_strategy"]) if fleet.get("index_strategy") else None,
                              tuple(find_links))
     if not public_indexes:

@@ -42,7 +42,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 # Bytes per element for the dtype spellings of config.json, vLLM's --dtype and safetensors headers.
 DTYPE_BYTES: dict[str, int] = {
@@ -254,7 +254,7 @@ class ContextLength:
     yarn: bool = False  # YaRN's factor is not applied: vLLM takes max_position_embeddings as scaled
 
 
-def _num(value: Any) -> bool:
+def _num(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 

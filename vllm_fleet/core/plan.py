@@ -12,7 +12,7 @@ import hashlib
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from vllm_fleet.core.cluster import NodeRole
@@ -26,6 +26,13 @@ from vllm_fleet.core.spec import VLLM_WRITABLE, HostSpec, InstanceSpec, SpecErro
 from vllm_fleet.core.startup import startup_refusals
 from vllm_fleet.core.variants import unusable_gpus
 from vllm_fleet.host.watchdog import probe_address
+
+if TYPE_CHECKING:
+    from vllm_fleet.core.flags import ServeFlags
+    from vllm_fleet.core.gpuhealth import HealthReport
+    from vllm_fleet.core.gpus import DriverVersion, NvidiaProblem
+    from vllm_fleet.core.startup import HostPorts
+    from vllm_fleet.core.variants import Variant, VariantChoice
 
 RELEASES_DIR = "/opt/vllm/releases"
 CURRENT_LINK = "/opt/vllm/current"
@@ -80,19 +87,17 @@ class HostFacts:
     """What the planner needs to know about a host, gathered read-only beforehand."""
 
     gpus: tuple[Gpu, ...] = ()
-    driver: Any = None  # vllm_fleet.core.gpus.DriverVersion | None
-    nvidia_problem: Any = None  # vllm_fleet.core.gpus.NvidiaProblem | None
+    driver: DriverVersion | None = None
+    nvidia_problem: NvidiaProblem | None = None
     cpu_flags: frozenset[str] = frozenset()
     # IPv4/IPv6 address -> interface name (ip -o addr), for a cluster node's sockets
     interfaces: Mapping[str, str] = field(default_factory=dict)
     # systemd can enforce IPAddressAllow= (cgroup v2)
     ip_filtering: bool = True
-    # who listens on which port, the lowest unprivileged port (vllm_fleet.core.startup.HostPorts); None: not
-    # read
-    ports: Any = None
-    # ECC errors, row remaps, throttling and Xids per GPU (vllm_fleet.core.gpuhealth.HealthReport); None: not
-    # read
-    gpu_health: Any = None
+    # who listens on which port, the lowest unprivileged port; None: not read
+    ports: HostPorts | None = None
+    # ECC errors, row remaps, throttling and Xids per GPU; None: not read
+    gpu_health: HealthReport | None = None
     # the host's vllm-*.service units: an instance whose unit exists is already deployed there
     units: frozenset[str] = frozenset()
     # entries of /dev/infiniband (vllm_fleet.roles.nvidia_facts.NvidiaGpus "rdma_devices"); empty: no RDMA
@@ -197,7 +202,7 @@ class HostPlan:
     release: str
     release_dir: str
     install_source: str
-    install_spec: Any  # vllm_fleet.core.variants.VariantChoice
+    install_spec: VariantChoice
     keep_releases: int
     ready_timeout_s: int
     instances: tuple[InstancePlan, ...]
@@ -320,7 +325,7 @@ def _check_gpu_health(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], facts:
         return
     where = f"{host}: vllm.instances[{inst.name}].gpus"
     deployed = f"vllm-{inst.name}.service" in facts.units
-    refusals = []
+    refusals: list[str] = []
     for g in gpus:
         v = report.verdict(g)
         warnings.extend(f"{where}: {w}" for w in v.warnings)
@@ -427,7 +432,7 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
     )
 
 
-def index_settings(build: Any, spec: HostSpec, environ: Mapping[str, str]) -> IndexSettings:
+def index_settings(build: Variant, spec: HostSpec, environ: Mapping[str, str]) -> IndexSettings:
     """The fleet's `package_index`, else the variant's indexes; VLLM_FLEET_VARIANT_INDEXES=0 skips the
     table's public indexes for a controller that reaches only PyPI or a mirror.
 
@@ -693,7 +698,7 @@ def watchdog_of(inst: InstanceSpec, ready_timeout_s: int, bind: str, interfaces:
 
 
 
-def cluster_parallel(host: str, inst_name: str, node: NodeRole, accelerator: str, n_gpus: int, f: Any,
+def cluster_parallel(host: str, inst_name: str, node: NodeRole, accelerator: str, n_gpus: int, f: ServeFlags,
                      heads: int | None, kv_heads: int | None, warnings: list[str]) -> tuple[int, int, int]:
     """(tensor, pipeline, workers on this node) for a node group.
 

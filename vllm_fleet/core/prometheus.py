@@ -75,7 +75,10 @@ def file_sd(plans: Iterable[tuple[HostPlan, str]]) -> tuple[list[dict[str, Any]]
     for plan, address in sorted(plans, key=lambda p: p[0].host):
         for inst in sorted(plan.instances, key=lambda i: i.name):
             t = instance_target(plan, inst, address)
-            (left_out if isinstance(t, LeftOut) else groups).append(t)
+            if isinstance(t, LeftOut):
+                left_out.append(t)
+            else:
+                groups.append(t)
     return groups, left_out
 
 

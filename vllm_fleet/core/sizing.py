@@ -177,7 +177,7 @@ class WayOut:
     """One setting change that makes the estimate fit, already re-estimated with it."""
 
     flag: str
-    value: Any
+    value: int | float | str  # the flag's new value
     settings: Settings
     note: str = ""  # why the value stops where it does ("the model's limit")
 

@@ -145,7 +145,7 @@ class ModelSpec(BaseModel):
     hf_repo: str | None = Field(None, pattern=r"^[\w.-]+/[\w.-]+$")
     revision: str | None = Field(None, pattern=r"^[A-Za-z0-9_./-]+$", max_length=255)
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -181,7 +181,7 @@ class WatchdogSpec(BaseModel):
     failures: int = Field(3, ge=1, le=20)
     """failed probes in a row before the restart (with the defaults: within 180 s)"""
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
 
 class InstanceSpec(BaseModel):
@@ -244,7 +244,7 @@ class InstanceSpec(BaseModel):
     is refused until it is listed here
     """
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
     @model_validator(mode="after")
     def _widening_acknowledged(self) -> InstanceSpec:
@@ -330,7 +330,7 @@ class ClusterSpec(BaseModel):
     # torch.distributed's store on the head (no authentication: reachable from cluster addresses only).
     master_port: int = Field(29501, ge=1024, le=65_535)
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
     @field_validator("nodes")
     @classmethod
@@ -366,7 +366,7 @@ class PackageIndexSpec(BaseModel):
     extra_index_urls: Seq[str] = Field(default_factory=list)
     index_strategy: Literal["first-index", "unsafe-first-match", "unsafe-best-match"] | None = None
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
     @field_validator("extra_index_urls")
     @classmethod
@@ -420,13 +420,14 @@ class HostSpec(BaseModel):
     default: one `default`
     """
     cluster: ClusterSpec | None = None
-    """this host is a node of a group serving one model (vLLM's multi-node mode): `name`, `nodes` (inventory names, head first),
-    `split` (`pipeline`: a stage per node, TP over its GPUs; `tensor`: one TP group over all nodes),
+    """this host is a node of a group serving one model (vLLM's multi-node mode): `name`, `nodes`
+    (inventory names, head first), `split` (`pipeline`: a stage per node, TP over its GPUs; `tensor`: one
+    TP group over all nodes),
     `address` (the node's IP on the cluster network; default its `ssh_hostname`), `master_port`
     (`29501`)
     """
 
-    _known = model_validator(mode="before")(classmethod(hint_unknown))
+    _known = model_validator(mode="before")(hint_unknown)
 
     @model_validator(mode="after")
     def _instances_disjoint(self) -> HostSpec:

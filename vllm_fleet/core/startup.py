@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_fleet.core.flags import ServeFlags, version_tuple
 from vllm_fleet.core.gpus import Gpu
@@ -43,6 +43,9 @@ from vllm_fleet.core.modelinfo import (
     text_config,
 )
 from vllm_fleet.host.effective import expected
+
+if TYPE_CHECKING:
+    from vllm_fleet.core.hostfacts import VllmHostFacts
 
 FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
 # vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS (same in 0.31.0-0.33.0)
@@ -92,7 +95,7 @@ class HostPorts:
     addresses: frozenset[str] = frozenset()
 
     @classmethod
-    def from_fact(cls, vh: Mapping[str, Any]) -> HostPorts:
+    def from_fact(cls, vh: VllmHostFacts) -> HostPorts:
         """From vllm_fleet.roles.facts.VllmHost's output; keys a fact of an older toolkit lacks read as
         unknown."""
         raw = vh.get("listeners")

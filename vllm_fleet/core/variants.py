@@ -310,7 +310,7 @@ def choose_variant(
         )
 
     candidates = [release[override]] if override else cuda
-    skipped = []
+    skipped: list[str] = []
     for variant in candidates:
         why_not = _misfit(variant, driver, gpus)
         if why_not is None:

@@ -56,11 +56,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 try:
     from vllm_fleet.host import lease
 except ImportError:  # on the host, beside this script
-    import lease  # type: ignore[no-redef]
+    import lease  # type: ignore[import-not-found,no-redef]  # (mypy reads the branch above)
 
 ROOT = os.environ.get("VLLM_FLEET_ROOT", "")  # tests run it against a temporary root
 STATE_DIR = ROOT + "/var/lib/vllm-fleet"
@@ -617,7 +618,10 @@ def _as_owner(work) -> dict:
     except KeyError:
         return {"removed": []}
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import asuser  # uploaded beside this script
+    if TYPE_CHECKING:
+        from vllm_fleet.host import asuser
+    else:
+        import asuser  # uploaded beside this script
 
     out = asuser.run_as(CACHE_OWNER, work)
     return {"removed": out["result"]} if "result" in out else {"error": out["error"]}

@@ -130,7 +130,7 @@ def routes(config: str) -> list[dict[str, Any]]:
     try:
         from vllm.entrypoints.launchers.app import build_app
     except ImportError:  # older layouts
-        from vllm.entrypoints.openai.api_server import build_app  # type: ignore[no-redef]
+        from vllm.entrypoints.openai.api_server import build_app
 
     # the app builds its middleware stack (this class included) while bootstrapping; it never serves here
     os.environ.setdefault(KEY_ENV, "route-listing")
@@ -142,7 +142,7 @@ def routes(config: str) -> list[dict[str, Any]]:
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
-                app = build_app(ns, supported_tasks=(task,))  # type: ignore[arg-type]
+                app = build_app(ns, supported_tasks=(task,))
         except Exception:  # noqa: BLE001  a task whose optional dependencies this release lacks
             if task == "generate":  # every generating instance has these routes: no list without them
                 raise

@@ -35,6 +35,10 @@ import select
 import sys
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing.TypeGuard is Python 3.10; the host may have 3.9
+    from typing import TypeGuard
 
 ROOT = os.environ.get("VLLM_FLEET_ROOT", "")  # tests run it against a temporary root
 STATE_DIR = ROOT + "/var/lib/vllm-fleet"
@@ -71,7 +75,7 @@ def _write(lease: dict) -> None:
     os.replace(tmp, LEASE)
 
 
-def live(lease: dict | None, now: float | None = None) -> bool:
+def live(lease: dict | None, now: float | None = None) -> TypeGuard[dict]:
     """Whether a lease still holds: renewed within its ttl."""
     if not lease:
         return False

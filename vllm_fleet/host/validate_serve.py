@@ -35,11 +35,14 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import effective  # noqa: E402  (uploaded beside this script)
+if TYPE_CHECKING:  # the modules uploaded beside this script, as the type checker finds them
+    from vllm_fleet.host import effective
+else:
+    import effective  # uploaded beside this script
 
 # The plan guards the instance with its key (InstancePlan.key_guarded); the key itself never comes here.
 KEY_EXPECTED = "--api-key-expected"
@@ -252,7 +255,10 @@ def _main(argv: list[str]) -> int:
         ns.model = model
         user = argv[argv.index(ENGINE_AS, 1) + 1] if ENGINE_AS in argv[1:-1] else None
         if user:  # a model in that user's own cache (a hub snapshot): read with its rights, never root's
-            import asuser  # uploaded beside this script
+            if TYPE_CHECKING:
+                from vllm_fleet.host import asuser
+            else:
+                import asuser  # uploaded beside this script
 
             ran = asuser.run_as(user, lambda: _engine_check(ns, config))
             found = ran.get("result") or {"error": ran.get("error")}
@@ -271,7 +277,10 @@ def _main(argv: list[str]) -> int:
         # the smoke test probes each of them without the key after the restart
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "asgi"))
         sys.dont_write_bytecode = True  # root leaves nothing beside the guard in vLLM's PYTHONPATH
-        import vllm_fleet_keyguard
+        if TYPE_CHECKING:
+            from vllm_fleet.host import keyguard as vllm_fleet_keyguard
+        else:
+            import vllm_fleet_keyguard
 
         with open(f"{path}.routes.json", "w") as f:
             json.dump(vllm_fleet_keyguard.routes(path), f)

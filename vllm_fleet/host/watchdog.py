@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 try:
     from vllm_fleet.host.metrics import GENERATED, PROMPTED, parse
 except ImportError:  # on the host, uploaded beside this script
-    from metrics import GENERATED, PROMPTED, parse  # type: ignore[no-redef]
+    from metrics import GENERATED, PROMPTED, parse  # type: ignore[import-not-found,no-redef]
 
 RESTART = 75  # exit status that asks the unit's ExecStopPost= to restart the instance
 # the probe unit's StateDirectory= and RuntimeDirectory= (under /var/lib and /run)
@@ -124,7 +124,7 @@ def decide(state: State, unit: Unit, ok: bool | None, error: str, now: float, *,
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A redirect would carry the key elsewhere: it is a failed probe."""
 
-    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def redirect_request(self, *args, **kwargs):
         return None
 
 
