@@ -24,7 +24,8 @@ from pyinfra.operations import python
 
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import benchmark, render
-from vllm_fleet.core.plan import STATE_DIR, HostPlan, InstancePlan
+from vllm_fleet.core.layout import STATE_DIR
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.roles import remote
 from vllm_fleet.roles.hostplan import Refused, plan_without_secrets, this_host
 

@@ -15,7 +15,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from vllm_fleet.core.hostfacts import HostModelFacts, HubCacheFacts, ListenerFacts, VllmHostFacts
-from vllm_fleet.core.plan import (
+from vllm_fleet.core.layout import (
     BASE_DIRS,
     CURRENT_LINK,
     HOST_PYTHON,

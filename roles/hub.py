@@ -20,7 +20,8 @@ from vllm_fleet.controller import hub as hub_api
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import hub
 from vllm_fleet.core.hostfacts import HubCacheFacts
-from vllm_fleet.core.plan import HOST_TOOLS, VLLM_USER, HostPlan, InstancePlan
+from vllm_fleet.core.layout import HOST_TOOLS, VLLM_USER
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.core.spec import HostSpec, InstanceSpec, SpecError
 from vllm_fleet.roles import remote
 from vllm_fleet.roles.facts import HubCache

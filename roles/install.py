@@ -21,8 +21,7 @@ from pyinfra.operations import python, server
 import vllm_fleet.host
 from vllm_fleet.controller import locks, wheels
 from vllm_fleet.core.hostfacts import VllmHostFacts
-from vllm_fleet.core.lock import Lock, Target, install_command
-from vllm_fleet.core.plan import (
+from vllm_fleet.core.layout import (
     BASE_DIRS,
     CURRENT_LINK,
     FLEET_STATE,
@@ -35,9 +34,9 @@ from vllm_fleet.core.plan import (
     STATE_DIR,
     UV_PATH,
     VLLM_USER,
-    HostPlan,
-    InstancePlan,
 )
+from vllm_fleet.core.lock import Lock, Target, install_command
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.roles import remote
 from vllm_fleet.roles.ops import stale, synced_files
 

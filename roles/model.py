@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_fleet.core.plan import MODELS_DIR, InstancePlan, model_digest
+from vllm_fleet.core.layout import MODELS_DIR, model_digest
+from vllm_fleet.core.plan import InstancePlan
 from vllm_fleet.roles.ops import sha256, stale, synced_files
 
 OWNER, GROUP, MODE = "root", "vllm", "640"

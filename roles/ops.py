@@ -22,7 +22,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from vllm_fleet.controller.paths import CACHE_DIR
 from vllm_fleet.controller.run import current
 from vllm_fleet.core.hostfacts import ManifestFacts
-from vllm_fleet.core.plan import SUMS
+from vllm_fleet.core.layout import SUMS
 from vllm_fleet.roles import remote
 
 

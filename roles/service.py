@@ -17,7 +17,8 @@ from vllm_fleet.controller.run import current
 from vllm_fleet.core import render
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.hub import TOKEN_SUFFIX
-from vllm_fleet.core.plan import STAGED, HostPlan, InstancePlan
+from vllm_fleet.core.layout import STAGED
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.roles.ops import Content, Secret, marker_path, stale, synced_files
 
 # vLLM reads its config's settings from these, but as root they would put caches into vllm's home

@@ -30,7 +30,8 @@ from vllm_fleet.controller import smoke
 from vllm_fleet.controller.run import FleetRun, current
 from vllm_fleet.core.cluster import NodeRole
 from vllm_fleet.core.hostfacts import ListenerFacts
-from vllm_fleet.core.plan import CONFIG_DIR, HOST_TOOLS, STAGED, HostPlan, InstancePlan
+from vllm_fleet.core.layout import CONFIG_DIR, HOST_TOOLS, STAGED
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.host import effective
 from vllm_fleet.host.watchdog import probe_address
 from vllm_fleet.roles import lease, remote

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -23,14 +23,11 @@ from pyinfra.operations import python, server
 
 from vllm_fleet.controller.run import current
 from vllm_fleet.controller.wheels import WheelCacheError
+from vllm_fleet.core.environment import missing_secrets
 from vllm_fleet.core.hostfacts import VllmHostFacts
+from vllm_fleet.core.layout import STAGED
 from vllm_fleet.core.lock import LockError
-from vllm_fleet.core.plan import (
-    STAGED,
-    HostPlan,
-    InstancePlan,
-    missing_secrets,
-)
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.core.spec import SpecError, is_vllm_host
 from vllm_fleet.core.tables import columns
 from vllm_fleet.roles import hub, install, lb, lease, model, remote, service
@@ -47,7 +44,6 @@ from vllm_fleet.roles.ops import prefetch
 from vllm_fleet.roles.smoke import commit_op, verify_op
 
 if TYPE_CHECKING:
-    from vllm_fleet.core.plan import HostFacts
     from vllm_fleet.core.report import PlanRow
 
 
@@ -131,9 +127,7 @@ def _prepared(live: bool = True) -> tuple[HostPlan, VllmHostFacts] | None:
         return None
     lease.take("deploy" if live else "stage")  # before any fact: what it plans from is not mid-change
     lease.confirm_op()
-    # TEMPORARY cast (3 in this file): until roles/hostplan.py's plan_this_host and host_facts are annotated
-    # with VllmHostFacts, as they return it; mypy then calls each cast redundant
-    plan, vh = cast("tuple[HostPlan, VllmHostFacts]", plan_this_host(spec))
+    plan, vh = plan_this_host(spec)
     prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])
@@ -299,7 +293,7 @@ def plan_vllm() -> None:
     spec = this_host(check_secrets=False)
     if spec is None:
         return
-    facts, vh = cast("tuple[HostFacts, VllmHostFacts]", host_facts(spec))  # TEMPORARY, as in _prepared
+    facts, vh = host_facts(spec)
     row = report.PlanRow(host.name, spec.accelerator, gpus=report.gpu_summary(facts.gpus),
                          driver=str(facts.driver) if facts.driver else "-")
     rows.append(row)
@@ -374,7 +368,7 @@ def check_vllm() -> None:
     spec = this_host()
     if spec is None:
         return
-    plan, vh = cast("tuple[HostPlan, VllmHostFacts]", plan_this_host(spec, hub_reads=False))  # TEMPORARY
+    plan, vh = plan_this_host(spec, hub_reads=False)
     recorded = (vh["state"] or {}).get("current") or {}
     config_hash = hashlib.sha256(json.dumps(recorded.get("files", {}), sort_keys=True).encode()).hexdigest()
     for inst in plan.instances:

@@ -11,7 +11,7 @@ from pyinfra import host
 
 from vllm_fleet.controller import wheels
 from vllm_fleet.core import render
-from vllm_fleet.core.plan import BASE_DIRS, CURRENT_LINK, STAGED, STATE_DIR
+from vllm_fleet.core.layout import BASE_DIRS, CURRENT_LINK, STAGED, STATE_DIR
 from vllm_fleet.roles.hostplan import plan_this_host
 from vllm_fleet.roles.install import FLEET_SRC, HOST_SCRIPTS, HOST_TOOLS
 

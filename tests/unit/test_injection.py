@@ -16,7 +16,7 @@ import pytest
 from test_render import make_plan
 
 from vllm_fleet.core import render
-from vllm_fleet.core.plan import KEYGUARD
+from vllm_fleet.core.layout import KEYGUARD
 from vllm_fleet.core.spec import UNSAFE_ENV, SpecError, parse_host, parse_inventory
 from vllm_fleet.host.validate_serve import GUARD, KEY_EXPECTED, plan_refusals
 

@@ -8,16 +8,11 @@ from typing import Any
 import pytest
 
 from vllm_fleet.core.gpus import Gpu
+from vllm_fleet.core.gpuselect import choose_dtype
 from vllm_fleet.core.hub import HubFile, HubSnapshot
-from vllm_fleet.core.plan import (
-    HostFacts,
-    HostPlan,
-    choose_dtype,
-    choose_tensor_parallel,
-    model_digest,
-    model_version_dir,
-    plan_host,
-)
+from vllm_fleet.core.layout import model_digest, model_version_dir
+from vllm_fleet.core.parallel import choose_tensor_parallel
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
 from vllm_fleet.core.spec import SpecError, parse_host
 from vllm_fleet.core.variants import choose_variant as real_choose_variant
 

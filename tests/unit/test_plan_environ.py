@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from vllm_fleet.core.plan import index_settings
+from vllm_fleet.core.environment import index_settings
 from vllm_fleet.core.spec import parse_inventory
 from vllm_fleet.core.variants import load_table
 from vllm_fleet.roles.hostplan import controller_environ

@@ -206,7 +206,7 @@ def test_uv_version_is_read_from_its_own_output_and_absent_is_none():
 
 def test_the_host_side_scripts_name_the_planners_paths():
     """hoststate.py imports nothing of ours (stdlib only on the host): its copies must stay equal."""
-    from vllm_fleet.core import plan
+    from vllm_fleet.core import layout as plan
     from vllm_fleet.host import hoststate
 
     assert (hoststate.RELEASES, hoststate.CURRENT, hoststate.MODELS, hoststate.UV, hoststate.STATE_DIR,

@@ -165,7 +165,7 @@ def test_a_broken_or_hostile_answer_is_a_failed_probe_not_a_crash():
 
 
 def test_the_probe_may_reach_loopback_and_the_hosts_own_addresses_only():
-    from vllm_fleet.core.plan import watchdog_of
+    from vllm_fleet.core.environment import watchdog_of
     from vllm_fleet.core.spec import InstanceSpec
 
     inst = InstanceSpec.model_validate({"model": {"name": "m", "path": "/m"}})

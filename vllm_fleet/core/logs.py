@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
-from vllm_fleet.core.plan import unit_name
+from vllm_fleet.core.layout import unit_name
 
 INSTANCE_ENV = "VLLM_FLEET_LOGS_INSTANCE"
 LINES_ENV = "VLLM_FLEET_LOGS_LINES"

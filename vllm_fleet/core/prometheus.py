@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_fleet.core.plan import HostPlan, InstancePlan, _is_loopback
+from vllm_fleet.core.environment import is_loopback
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 
 # Where roles/targets.py is told to write the file (`vllm-fleet targets --output` sets it).
 OUTPUT_ENV = "VLLM_FLEET_TARGETS_OUTPUT"
@@ -57,7 +58,7 @@ def instance_target(plan: HostPlan, inst: InstancePlan, host_address: str) -> di
     """One file_sd group per instance (its labels are its own), or why it is left out."""
     if inst.node is not None and not inst.node.is_head:
         return LeftOut(plan.host, inst.name, f"headless worker of cluster {inst.node.cluster} (no API)")
-    if _is_loopback(inst.host):
+    if is_loopback(inst.host):
         return LeftOut(plan.host, inst.name, f"binds {inst.host}")
     if inst.flags.get("middleware") and "/metrics" not in metrics_open(inst):
         return LeftOut(plan.host, inst.name, "/metrics needs the API key; add \"/metrics\" to open_paths")

@@ -15,7 +15,8 @@ import jinja2
 import yaml
 
 from vllm_fleet.core import lb
-from vllm_fleet.core.plan import CURRENT_LINK, HOST_TOOLS, STATE_DIR, HostPlan, InstancePlan
+from vllm_fleet.core.layout import CURRENT_LINK, HOST_TOOLS, STATE_DIR
+from vllm_fleet.core.plan import HostPlan, InstancePlan
 
 # the wheel installs the top-level templates/ as vllm_fleet/templates; a checkout reads them where they are
 _PACKAGED = Path(__file__).resolve().parent.parent / "templates"
