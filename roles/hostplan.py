@@ -17,8 +17,10 @@ from pyinfra.api.exceptions import PyinfraError
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import cluster
 from vllm_fleet.core import hub as core_hub
+from vllm_fleet.core.environment import missing_secrets
+from vllm_fleet.core.hostfacts import VllmHostFacts
 from vllm_fleet.core.modelinfo import weight_bytes_from_dir
-from vllm_fleet.core.plan import HostFacts, HostPlan, missing_secrets, plan_host
+from vllm_fleet.core.plan import HostFacts, HostPlan, plan_host
 from vllm_fleet.core.spec import HostSpec, SpecError, is_vllm_host, parse_inventory, skipped_note
 from vllm_fleet.core.startup import HostPorts
 from vllm_fleet.roles import hub, model, remote
@@ -45,11 +47,15 @@ def inventory_specs(check_secrets: bool = True) -> dict[str, HostSpec]:
         if run.skipped:
             logger.info(f"vllm-fleet: {skipped_note(run.skipped)}")
         run.specs = specs
-    if check_secrets:  # every time it is asked: a read-only caller may have parsed the inventory first
+    # asked by every host (a read-only caller may have parsed the inventory first) and checked until it
+    # passes: the check reads every host's instances, so checking again made each host's cost grow with
+    # the fleet (bench/controller_scale.py)
+    if check_secrets and not run.secrets_found:
         missing = [p for name, spec in run.specs.items() for inst in spec.instances
                    for p in missing_secrets(name, inst, os.environ)]
         if missing:
             raise Refused("refused, nothing was changed:\n  " + "\n  ".join(missing))
+        run.secrets_found = True
     return run.specs
 
 
@@ -100,7 +106,7 @@ def _model_facts(spec: HostSpec, hub_reads: bool = True) -> tuple[dict[str, dict
     return configs, weights, digests, snapshots
 
 
-def host_facts(spec: HostSpec) -> tuple[HostFacts, dict[str, Any]]:
+def host_facts(spec: HostSpec) -> tuple[HostFacts, VllmHostFacts]:
     vh = host.get_fact(VllmHost)
     gpus: tuple = ()
     rdma: tuple = ()
@@ -133,7 +139,8 @@ def _required(spec: HostSpec | None, check_secrets: bool) -> HostSpec:
     return spec
 
 
-def plan_this_host(spec: HostSpec | None = None, hub_reads: bool = True) -> tuple[HostPlan, dict[str, Any]]:
+def plan_this_host(spec: HostSpec | None = None,
+                   hub_reads: bool = True) -> tuple[HostPlan, VllmHostFacts]:
     spec = _required(spec, True)
     facts, vh = host_facts(spec)
     try:

@@ -22,7 +22,7 @@ from pyinfra.operations import apt, python, server, systemd
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import lb as core
 from vllm_fleet.core import render
-from vllm_fleet.core.plan import HOST_TOOLS
+from vllm_fleet.core.layout import HOST_TOOLS
 from vllm_fleet.core.spec import SpecError
 from vllm_fleet.roles import remote
 from vllm_fleet.roles.hostplan import Refused, inventory_specs
@@ -62,7 +62,7 @@ def _balancers() -> dict[str, core.Balancer]:
 
 def fronting(name: str) -> list[tuple[core.Balancer, list[core.Server]]]:
     """(balancer, this host's servers in it) for each load balancer that drains around its restarts."""
-    return [(b, b.servers_of(name)) for b in balancers().values() if b.spec.drain and b.servers_of(name)]
+    return [(b, s) for b in balancers().values() if b.spec.drain and (s := b.servers_of(name))]
 
 
 def balancer_host(b: core.Balancer):

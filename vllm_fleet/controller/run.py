@@ -48,6 +48,7 @@ class HostLease(Protocol):
 @dataclass
 class FleetRun:
     specs: dict[str, HostSpec] | None = None  # host -> its spec, the whole inventory validated once
+    secrets_found: bool = False  # every host's secret variables are set (checked once it passes)
     skipped: list[str] = field(default_factory=list)  # hosts without vllm data
     nodes: dict[str, NodeRole] = field(default_factory=dict)  # host -> its place in a node group
     logins: dict[str, LoginFacts] = field(default_factory=dict)  # host -> LoginAccess fact

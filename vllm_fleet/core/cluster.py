@@ -122,7 +122,7 @@ def resolve(specs: Mapping[str, HostSpec], ssh_hostnames: Mapping[str, str | Non
                     problems.append(f"{node}: vllm.{path}: differs from the head {nodes[0]}'s; every node of "
                                     f"cluster '{cluster}' runs the same release, model and flags "
                                     f"(head: {value!r}, here: {got[key]!r})")
-        addresses = []
+        addresses: list[str] = []
         for node in nodes:
             c = specs[node].cluster
             assert c is not None

@@ -11,6 +11,7 @@ haproxy.cfg: haproxy reads it from its environment, which systemd fills from a 0
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,7 +66,16 @@ class Balancer:
     api_key_env: str | None
 
     def servers_of(self, host: str) -> list[Server]:
-        return [s for s in self.servers if s.host == host]
+        return list(self._by_host.get(host, ()))
+
+    @functools.cached_property
+    def _by_host(self) -> dict[str, tuple[Server, ...]]:
+        """host -> its servers in the balancer's order, made once: each host's lookups (the drain, the
+        ready step, status) would otherwise scan the whole fleet's servers."""
+        by_host: dict[str, list[Server]] = {}
+        for s in self.servers:
+            by_host.setdefault(s.host, []).append(s)
+        return {h: tuple(v) for h, v in by_host.items()}
 
 
 def parse_lb(host: str, data: Mapping[str, Any]) -> LbSpec:
