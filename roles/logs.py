@@ -52,19 +52,23 @@ def tail_vllm_logs() -> None:
 
         tail_vllm_logs()
     """
-    specs = inventory_specs(check_secrets=False)
-    wanted = os.environ.get(logs.INSTANCE_ENV) or None
-    selected = {h.name: [i.name for i in specs[h.name].instances] for h in inventory
-                if state.is_host_in_limit(h) and h.name in specs}
-    try:  # before any I/O: a typo in --instance or --lines is refused on the controller
-        lines = logs.parse_lines(os.environ.get(logs.LINES_ENV))
-        chosen = logs.select(selected, wanted)
-    except ValueError as e:
-        raise Refused(f"logs: {e}") from None
     run = current()
-    journals: dict[str, dict[str, list[str]]] = run.rows.setdefault("logs", {})
-    notes = logs.absent(selected, wanted) if wanted else []
-    run.at_end("logs", lambda: _print(journals, notes, run.skipped))  # before any fact I/O
+    if "logs selection" not in run.rows:  # the whole inventory's selection, once per run
+        specs = inventory_specs(check_secrets=False)
+        wanted = os.environ.get(logs.INSTANCE_ENV) or None
+        selected = {h.name: [i.name for i in specs[h.name].instances] for h in inventory
+                    if state.is_host_in_limit(h) and h.name in specs}
+        try:  # before any I/O: a typo in --instance or --lines is refused on the controller, every host
+            lines = logs.parse_lines(os.environ.get(logs.LINES_ENV))
+            chosen = logs.select(selected, wanted)
+        except ValueError as e:
+            raise Refused(f"logs: {e}") from None
+        notes = logs.absent(selected, wanted) if wanted else []
+        journals: dict[str, dict[str, list[str]]] = run.rows.setdefault("logs", {})
+        run.at_end("logs", lambda: _print(journals, notes, run.skipped))  # before any fact I/O
+        run.rows["logs selection"] = (lines, chosen)
+    lines, chosen = run.rows["logs selection"]
+    journals = run.rows["logs"]
     if host.name not in chosen:
         return  # not a vLLM host (noted by inventory_specs), or without the wanted instance (noted above)
     this_host(check_secrets=False)  # the login is checked before anything runs as root
