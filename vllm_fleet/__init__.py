@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = metadata.version("vllm-fleet")
-except metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+except metadata.PackageNotFoundError:  # not installed: no metadata (a checkout needs `pip install -e .`)
     __version__ = "0+unknown"
 
 # public name -> (module, its name there)

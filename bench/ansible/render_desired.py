@@ -13,7 +13,7 @@ from vllm_fleet.controller import wheels
 from vllm_fleet.core import render
 from vllm_fleet.core.layout import BASE_DIRS, CURRENT_LINK, STAGED, STATE_DIR
 from vllm_fleet.roles.hostplan import plan_this_host
-from vllm_fleet.roles.install import FLEET_SRC, HOST_SCRIPTS, HOST_TOOLS
+from vllm_fleet.roles.install import HOST_SCRIPTS, HOST_SRC, HOST_TOOLS
 
 out = Path(os.environ["VLLM_FLEET_RENDER_DIR"]) / host.name
 files = out / "files"
@@ -31,7 +31,7 @@ inst = plan.instances[0]
 tools = [{"src": "uv", "dest": "/usr/local/bin/uv"}]
 (files / "uv").write_bytes(wheels.uv_binary().read_bytes())
 for tool in HOST_SCRIPTS:
-    (files / tool).write_bytes((FLEET_SRC / tool).read_bytes())
+    (files / tool).write_bytes((HOST_SRC / tool).read_bytes())
     tools.append({"src": tool, "dest": f"{HOST_TOOLS}/{tool}"})
 dirs = []
 for path, own in BASE_DIRS.items():

@@ -136,7 +136,9 @@ def explain(key: str) -> str:
     """What one inventory key means, its default and where the default comes from: the reference a wheel
     user has without the source checkout. `key` may be written with its section (`flags.max_num_seqs`)
     or bare (`max_num_seqs`), which answers for every section that has it."""
-    wanted = key.strip().removeprefix("vllm.")
+    wanted = key.strip().removeprefix("vllm.").replace("-", "_")
+    if wanted.startswith("instances.") and wanted.count(".") > 1:  # instances.flags.port: an instance's flag
+        wanted = wanted.removeprefix("instances.")
     found = [k for k in all_keys() if k == wanted or k.rsplit(".", 1)[-1] == wanted]
     if not found:
         raise KeyError(f"{key!r} is not an inventory key; `vllm-fleet explain` lists them")

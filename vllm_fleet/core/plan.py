@@ -285,7 +285,7 @@ def _plan_instance(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFac
     preflight, its flags, its unit's environment, then what vLLM itself would refuse at start-up."""
     f = inst.flags
     secret_env = _check_access(host, inst, environ, hub, warnings)
-    if hub is not None:
+    if inst.model.hf_repo and hub is not None:
         model_config, weights = hub.config, hub.weight_bytes  # None while unresolved (status, rollback)
 
     gpus: list[Gpu] = []
