@@ -57,7 +57,7 @@ def consistent(host: str) -> dict:
 def test_hoststate_killed_at_random_points_then_restore_works(deployed):
     release = on(HOST, "readlink /opt/vllm/current").strip().rsplit("/", 1)[-1]
     try:
-        out = on(HOST, "bash -s", stdin=FUZZ.format(rounds=150, release=release))
+        out = on(HOST, "bash -s", stdin=FUZZ.format(rounds=80, release=release))
         counts = dict(kv.split("=") for kv in out.split()[-2:])
         assert int(counts["killed"]) >= 10 and int(counts["done"]) >= 10, out
         found = consistent(HOST)

@@ -14,11 +14,9 @@ import signal
 import subprocess
 import time
 
-import pytest
-
 from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, on
 
-PAIRS = int(os.environ.get("VLLM_FLEET_TEST_PAIRS", "2"))  # per host; VLLM_FLEET_TEST_PAIRS=5: 10 pairs
+PAIRS = int(os.environ.get("VLLM_FLEET_TEST_PAIRS", "2"))  # VLLM_FLEET_TEST_PAIRS=10: 10 pairs
 SEQS = ("max_num_seqs", "max-num-seqs")
 WAITING = "the host lease is held by "  # the line of a run that waits (roles/lease.py)
 WAITED = WAITING + "deploy: "
@@ -43,11 +41,13 @@ def host_truth(host: str) -> dict:
     return {"live": live, "recorded": recorded, "release": state["current"]["release"], "lease": lease}
 
 
-@pytest.mark.parametrize("host", ["lab1", "lab2"])
-def test_two_deploys_at_once_end_on_one_of_their_configs_never_a_third(deployed, host):
+def test_two_deploys_at_once_end_on_one_of_their_configs_never_a_third(deployed):
     """Offsets 0 to 5 s between the two deploys; each pair alternates the configs, so the host always
     has something to change. Every deploy that exits 0 applied its config; the host ends on the config
-    of the one that committed last, recorded as it is live; the lease is given back."""
+    of the one that committed last, recorded as it is live; the lease is given back. On lab1, the sudo
+    login (the root login holds and takes over leases in the killed-controller test, on lab2). The host
+    is left on the last pair's config: the next test changes it again."""
+    host = "lab1"
     results = []
     for i in range(PAIRS):
         a, b = 5 + (i % 2), 7 - (i % 2)  # 5/6 then 6/5: never the lab's 8, never equal
@@ -68,13 +68,13 @@ def test_two_deploys_at_once_end_on_one_of_their_configs_never_a_third(deployed,
         assert truth["live"] == truth["recorded"] == str(later), (truth, out_a[-1500:], out_b[-1500:])
         assert truth["lease"] == "free"
     print("\n".join(f"offset {o:.1f} s: rc {ra}/{rb}, host ends on {t['live']}" for o, ra, rb, t in results))
-    restore = deploy(limit=host)
-    assert restore.rc == 0, restore.output[-3000:]
 
 
 def test_a_second_deploy_that_waits_too_long_is_refused_naming_the_holder_and_changes_nothing(deployed):
+    """7 is a change whatever the host serves (the lab's 8, or 5 or 6 from the test before); the host is
+    left on it for the leftovers test after this one, whose deploy converges lab1 again."""
     host = "lab1"
-    first = start(host, 5)
+    first = start(host, 7)
     time.sleep(1.5)
     second = start(host, 6, env={"VLLM_FLEET_LEASE_WAIT_S": "3"})
     out_b = second.communicate(timeout=300)[0]
@@ -84,9 +84,7 @@ def test_a_second_deploy_that_waits_too_long_is_refused_naming_the_holder_and_ch
     text = re.sub(r"\x1b\[[0-9;]*m", "", out_b)
     assert re.search(r"lab1: the host lease is held by deploy: pyinfra .*vllm\.py by deploy@\S+ \(pid \d+\), "
                      r"since \S+; waited 3 s, nothing was changed", text), text[-3000:]
-    assert host_truth(host)["live"] == "5"
-    restore = deploy(limit=host)
-    assert restore.rc == 0, restore.output[-3000:]
+    assert host_truth(host)["live"] == "7"
 
 
 def test_a_killed_controllers_lease_expires_and_the_next_deploy_takes_it_over(deployed):

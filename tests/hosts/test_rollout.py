@@ -124,8 +124,7 @@ def test_a_fleet_rollback_in_waves_says_so_per_host_and_names_a_host_it_could_no
     stopped = "rollback STOPPED at wave 2: later waves were not touched; left as they were: lab3"
     assert stopped in partial.stdout
     assert unit_props("lab3")["MainPID"] == third["MainPID"]
-    back = deploy()
-    assert back.rc == 0, back.output[-3000:]
+    # lab1 is left on the config it rolled back to: the next test's rollout updates it
 
 
 def test_failure_on_the_second_host_stops_the_rollout_and_leaves_the_third_untouched(three_hosts):
