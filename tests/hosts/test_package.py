@@ -116,15 +116,16 @@ def test_the_installed_command_line_is_the_products(installed):
 def test_a_users_deploy_file_composes_the_public_api_with_other_operations(installed, deployed):
     """A deploy file as a pyinfra user writes one: an operation of pyinfra's own, then the package's deploy,
     imported from the top of the package. --dry runs the deploy's whole collection on lab1 and changes
-    nothing; the other operation shows up beside it."""
+    nothing; pyinfra's change detection (shown without -y) lists the other operation beside it."""
     venv, work, _ = installed
     (work / "site.py").write_text(
         "from pyinfra.operations import server\n"
         "from vllm_fleet import deploy_vllm\n\n"
         "server.shell(name='site: say hello', commands=['echo hello from site.py'])\n"
         "deploy_vllm()\n")
-    dry = run(venv, work, "pyinfra", "--dry", "-y", "--limit", "lab1", "inventory.py", "site.py")
+    dry = run(venv, work, "pyinfra", "--dry", "--limit", "lab1", "inventory.py", "site.py")
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0 and "Traceback" not in out, out[-4000:]
-    assert "site: say hello" in out, out[-4000:]
-    assert "smoke test vllm-default.service" in out, out[-4000:]
+    table = out.split("--> Detected changes:", 1)[1].split("\n\n", 1)[0]
+    assert "site: say hello" in table, table
+    assert "vLLM | smoke test vllm-default.service" in table, table
