@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from pyinfra import host, logger, state
@@ -35,14 +34,14 @@ from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.operations import python
 
-import vllm_fleet.host
 from vllm_fleet.controller.run import DRY_ATTR, HostLease, current
 from vllm_fleet.roles import remote
+from vllm_fleet.roles.install import HOST_SRC
 
 if TYPE_CHECKING:
     from paramiko.channel import Channel, ChannelFile
 
-SOURCE = (Path(vllm_fleet.host.__file__).resolve().parent / "lease.py").read_text()
+SOURCE = (HOST_SRC / "lease.py").read_text()
 WAIT_ENV, WAIT_DEFAULT = "VLLM_FLEET_LEASE_WAIT_S", 120.0  # how long a second run waits, then is refused
 TTL_ENV, TTL_DEFAULT = "VLLM_FLEET_LEASE_TTL_S", 60.0  # a lease not renewed for this long is expired
 # the holder reads its own source from the channel (a fresh host has nothing of ours installed yet);

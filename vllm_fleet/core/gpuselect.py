@@ -25,7 +25,7 @@ def choose_dtype(accelerator: str, gpus: Sequence[Gpu], cpu_flags: frozenset[str
     return "float32"
 
 
-def left_out_note(gpus: Sequence[Gpu], left_out: Mapping[int, str]) -> str:
+def _left_out_note(gpus: Sequence[Gpu], left_out: Mapping[int, str]) -> str:
     return "; ".join(f"{g.label} is left out: {left_out[g.index]}" for g in gpus if g.index in left_out)
 
 
@@ -38,7 +38,7 @@ def instance_gpus(host: str, inst: InstanceSpec, gpus: Sequence[Gpu], taken: set
     by_index = {g.index: g for g in gpus}
     usable = [g for g in gpus if g.index not in left_out]
     free = [g for g in usable if g.index not in taken]
-    note = f" ({left_out_note(gpus, left_out)})" if left_out else ""
+    note = f" ({_left_out_note(gpus, left_out)})" if left_out else ""
     where = f"{host}: vllm.instances[{inst.name}].gpus"
     if inst.gpus is None:
         chosen = free
