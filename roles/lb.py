@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Generator
+from urllib.parse import urlsplit
 
 from pyinfra import host, inventory, logger, state
 from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import apt, python, server, systemd
 
 from vllm_fleet.controller.run import current
@@ -35,6 +38,8 @@ CONFIG = "/etc/haproxy/haproxy.cfg"
 STAGED = "/etc/haproxy/.vllm-fleet-staged.cfg"
 ENV_FILE = "/etc/haproxy/vllm-fleet.env"
 DROP_IN = "/etc/systemd/system/haproxy.service.d/vllm-fleet.conf"
+DOOR_DIR = "/etc/haproxy/vllm-fleet"
+UNIT_DIR = "/etc/systemd/system"
 
 
 class LbError(PyinfraError):
@@ -85,7 +90,7 @@ def _lbctl(b: core.Balancer, *args: str) -> dict:
         raise LbError(f"{host.name}: load balancer {b.host}: lbctl {args[0]} failed: "
                       f"{out.output.strip()[-400:] or 'no output'}")
     lines = out.stdout.strip().splitlines()
-    if args[0] == "show":
+    if args[0] in ("show", "tenants"):
         return {"rows": [json.loads(line) for line in lines]}
     servers = list(args[1:] if args[0] == "ready" else args[2:])
     found = json.loads(lines[-1]) if lines else {"drained": [], "ready": [], "busy": {}, "unknown": servers}
@@ -99,7 +104,7 @@ def drain() -> None:
     """Drain this host's servers everywhere and wait until their sessions end (or the bound passes:
     then the restart goes ahead and vLLM's own --shutdown-timeout finishes what is still in flight)."""
     for b, servers in fronting(host.name):
-        names = [f"{core.BACKEND}/{s.name}" for s in servers]
+        names = [s.listener for s in servers]
         waited = _lbctl(b, "drain", str(b.spec.drain_timeout_s), *names)
         if waited["drained"]:
             logger.info(f"[{host.name}] drained in {b.host} after {waited['waited_s']} s"
@@ -109,7 +114,7 @@ def drain() -> None:
 def ready() -> None:
     """After a passing smoke test: back in rotation (also a host a failed change left drained)."""
     for b, servers in fronting(host.name):
-        done = _lbctl(b, "ready", *[f"{core.BACKEND}/{s.name}" for s in servers])
+        done = _lbctl(b, "ready", *[s.listener for s in servers])
         if done["ready"]:
             logger.info(f"[{host.name}] ready in {b.host}")
 
@@ -139,34 +144,50 @@ def not_ready() -> list[str]:
     """This host's servers whose admin state is not ready, in any balancer that drains it."""
     found = []
     for b, servers in fronting(host.name):
-        mine = {f"{core.BACKEND}/{s.name}" for s in servers}
+        mine = {s.listener for s in servers}
         found += [f"{b.host}: {r['server']} {r['admin']}" for r in _lbctl(b, "show")["rows"]
                   if r["server"] in mine and r["admin"] in ("drain", "maint")]
     return found
 
 
 def server_states() -> list[tuple[str, ...]]:
-    """(load balancer, server, status, admin state, check, sessions) of this host's servers, for
+    """(door, model, server, status, admin state, check, sessions) of this host's instances, for
     `vllm-fleet status`."""
     rows: list[tuple[str, ...]] = []
     for b in balancers().values():
-        mine = {f"{core.BACKEND}/{s.name}" for s in b.servers_of(host.name)}
+        mine = {s.listener: s for s in b.servers_of(host.name)}
         if not mine:
             continue
         for r in _lbctl(b, "show")["rows"]:
             if r["server"] in mine:
-                rows.append((b.host, r["server"], r["status"], r["admin"], r["check"], str(r["sessions"])))
+                rows.append((b.host, mine[r["server"]].model, r["server"], r["status"], r["admin"],
+                             r["check"], str(r["sessions"])))
     return rows
 
 
-@deploy("vLLM load balancer")
-def deploy_vllm_balancer() -> None:
-    """haproxy from the distribution in front of the fleet's instances, configured from the inventory and
-    validated (``haproxy -c``) before it goes live. The vLLM deploy drains a host here around its restart.
+def tenant_states() -> list[tuple[str, ...]]:
+    """(door, tenant, requests over 60 s, requests, tokens) on this door host, for `vllm-fleet status`."""
+    b = balancers().get(host.name)
+    if b is None or not b.spec.tenants:
+        return []
+    seen = {r["tenant"]: r for r in _lbctl(b, "tenants", core.TENANT_TABLE)["rows"]}
+    return [(b.host, t.name, *(str(seen.get(t.name, {}).get(k, 0))
+                               for k in ("rate_60s", "requests", "tokens"))) for t in b.spec.tenants]
 
-    Host data read: ``vllm_lb`` on the balancer's host (its listen address, the servers' model, the key
-    variable), ``vllm`` of the hosts it fronts.
-    Environment: the variable ``vllm_lb`` names for the instances' key (the health check sends it).
+
+
+
+@deploy("vLLM front door")
+def deploy_vllm_balancer() -> None:
+    """The fleet's front door: haproxy from the distribution at the edge (routes by model, tenant keys,
+    the API allowlist, limits), a vllm-router per model for cache-aware routing, and a listener per
+    vLLM instance that a rollout drains. Validated (``haproxy -c``) before it goes live; a change of
+    keys, tenants or models reloads haproxy and never restarts vLLM.
+
+    Host data read: ``vllm_lb`` on the door's host (listen address, router, tenants, limits), ``vllm``
+    of the hosts it fronts.
+    Environment: the instances' key variables (the checks send them, and with tenants the door does),
+    and each tenant's ``key_envs``.
 
     **Example:**
 
@@ -181,34 +202,83 @@ def deploy_vllm_balancer() -> None:
     if b is None:
         return
     remote.check_login()
-    if "haproxy" not in (host.get_fact(DebPackages) or {}):
-        apt.packages(name="haproxy (the distribution's)", packages=["haproxy"], update=True, cache_time=3600)
-    key = os.environ.get(b.api_key_env, "") if b.api_key_env else ""
-    if b.api_key_env and not key:
-        raise LbError(f"{host.name}: vllm_lb: {b.api_key_env} is not set (or empty) on the controller; "
-                      "the health check needs the instances' key")
-    cfg = render.haproxy_config(b, SOCKET)
-    env = [(Secret(f"{core.KEY_VAR}={render.envquote(key)}\n" if key else ""), ENV_FILE)]
+    problems = [f"{host.name}: vllm_lb: {ctl} is not set (or empty) on the controller; the instances' "
+                "checks need their key" for ctl, _ in b.key_vars if not os.environ.get(ctl)]
+    problems += core.missing_tenant_keys(b, os.environ)
+    if problems:
+        raise LbError("\n".join(problems))
+    debs = host.get_fact(DebPackages) or {}
+    wanted = ["haproxy", *(["python3-venv"] if b.spec.router else [])]
+    if any(p not in debs for p in wanted):
+        apt.packages(name="haproxy (the distribution's)" + (", python3-venv" if b.spec.router else ""),
+                     packages=wanted, update=True, cache_time=3600)
+    if b.spec.router:
+        _router_installed(b.spec.router)
+    files = core.door_files(b, os.environ)
+    door = [(text.encode(), f"{DOOR_DIR}/{name}") for name, text in files.items()]
+    units = ({core.router_unit(m): render.router_unit(b, m).encode() for m in b.models}
+             if b.spec.router else {})
+    unit_files = [(text, f"{UNIT_DIR}/{name}") for name, text in units.items()]
+    cfg = render.haproxy_config(b, SOCKET, DOOR_DIR)
+    env = [(Secret("".join(f"{var}={render.envquote(os.environ[ctl])}\n" for ctl, var in b.key_vars)),
+            ENV_FILE)]
     drop_in = [(f"[Service]\nEnvironmentFile={ENV_FILE}\n".encode(), DROP_IN)]
     tools = [(str(HOST_SRC / "lbctl.py"), LBCTL)]
-    paths = (CONFIG, ENV_FILE, DROP_IN, LBCTL, STAGED)
+    paths = (CONFIG, ENV_FILE, DROP_IN, LBCTL, STAGED, *(d for _, d in door), *(d for _, d in unit_files))
     if stale(tools, "root", "root", "755", paths):
         synced_files(name="lbctl.py", files=tools, mode="755", paths=paths)
+    old_routers = [u for u in host.get_fact(FindFiles, path=UNIT_DIR, quote_path=True, maxdepth=1,
+                                           fname="vllm-fleet-router-*.service") or []
+                   if u.rsplit("/", 1)[-1] not in units]
+    door_changed = bool(stale(door, "root", "root", "600", paths))
+    if door_changed:
+        synced_files(name=f"door maps and answers in {DOOR_DIR} (keys as SHA-256 only)", files=door,
+                     mode="600", paths=paths)
     cfg_changed = bool(stale([(cfg.encode(), CONFIG)], "root", "root", "644", paths))
-    if cfg_changed:
+    if cfg_changed or door_changed:
         synced_files(name=f"staged {CONFIG}", files=[(cfg.encode(), STAGED)], mode="600", paths=paths)
-        # haproxy's own check, with a placeholder key: the real one never reaches an argv
+        # haproxy's own check, with placeholder keys: the real ones never reach an argv
+        placeholders = " ".join(f"{var}=placeholder" for _, var in b.key_vars)
         server.shell(name=f"haproxy validates the new {CONFIG}", commands=[
-            f"{core.KEY_VAR}=placeholder haproxy -c -q -f {STAGED} && install -m 644 {STAGED} {CONFIG} "
+            f"{placeholders} haproxy -c -q -f {STAGED} && install -m 644 {STAGED} {CONFIG} "
             f"&& rm -f {STAGED}"])
     env_changed = bool(stale(env, "root", "root", "600", paths))
     if env_changed:
-        synced_files(name=f"haproxy key {ENV_FILE} (0600)", files=env, mode="600", paths=paths)
+        synced_files(name=f"haproxy's instance keys {ENV_FILE} (0600)", files=env, mode="600", paths=paths)
+    stale_units = stale(unit_files, "root", "root", "644", paths)
     unit_changed = bool(stale(drop_in, "root", "root", "644", paths))
     if unit_changed:
         synced_files(name=f"haproxy drop-in {DROP_IN}", files=drop_in, paths=paths)
+    if stale_units:
+        synced_files(name="router units", files=stale_units, paths=paths)
+    if old_routers:
+        server.shell(name="routers of models the door no longer serves stopped and removed", commands=[
+            "systemctl disable --now " + " ".join(u.rsplit("/", 1)[-1] for u in old_routers),
+            "rm -f " + " ".join(old_routers)])
+    if unit_changed or stale_units or old_routers:
         server.shell(name="systemd daemon-reload", commands=["systemctl daemon-reload"])
-    # the environment is read when haproxy starts: a new key needs a restart, a new config a reload
+    changed_units = {d.rsplit("/", 1)[-1] for _, d in stale_units}
+    for name in units:
+        systemd.service(name=f"router {name} running", service=name, running=True, enabled=True,
+                        restarted=name in changed_units)
+    # the environment is read when haproxy starts: a new key needs a restart, a new config or map a
+    # reload (haproxy's reload keeps the connections it has)
     restart = env_changed or unit_changed
     systemd.service(name="haproxy running", service="haproxy", running=True, enabled=True,
-                    restarted=restart, reloaded=cfg_changed and not restart)
+                    restarted=restart, reloaded=(cfg_changed or door_changed) and not restart)
+
+
+def _router_installed(r: core.RouterSpec) -> None:
+    """vllm-router in its own versioned venv, from the door's index; a half-made venv (no marker) is
+    made again."""
+    where = core.router_dir(r.version)
+    if host.get_fact(File, path=f"{where}/.complete"):
+        return
+    index = shlex.quote(r.index_url)
+    trusted = (f" --trusted-host {shlex.quote(urlsplit(r.index_url).hostname or '')}"
+               if r.index_url.startswith("http://") else "")
+    server.shell(name=f"{core.ROUTER_PACKAGE} {r.version} into {where}", commands=[
+        f"rm -rf {where} && python3 -m venv {where} && {where}/bin/pip install -q "
+        f"--disable-pip-version-check --timeout 600 --index-url {index}{trusted} "
+        f"{core.ROUTER_PACKAGE}=={r.version} "
+        f"&& {where}/bin/vllm-router --help > /dev/null && touch {where}/.complete"])

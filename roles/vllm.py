@@ -364,7 +364,10 @@ def check_vllm() -> None:
 
     run = current()
     status, lb_status = run.rows.setdefault("status", []), run.rows.setdefault("lb status", [])
-    run.at_end("status", lambda: _print_status(status, lb_status))
+    tenants = run.rows.setdefault("door tenants", [])
+    run.at_end("status", lambda: _print_status(status, lb_status, tenants))
+    if host.name in lb.balancers() and lb.balancers()[host.name].spec.tenants:
+        python.call(name="front door tenants", function=lambda: tenants.extend(lb.tenant_states()))
     spec = this_host()
     if spec is None:
         return
@@ -379,10 +382,11 @@ def check_vllm() -> None:
                         recorded.get("at", "-"), service, unit.get("MainPID", "-")))
     verify_op(plan, changed=lambda: False, wait=False, live=True)
     if any(b.servers_of(host.name) for b in lb.balancers().values()):
-        python.call(name="load balancer state", function=lambda: lb_status.extend(lb.server_states()))
+        python.call(name="front door state", function=lambda: lb_status.extend(lb.server_states()))
 
 
-def _print_status(status: list[tuple[str, ...]], lb_status: list[tuple[str, ...]]) -> None:
+def _print_status(status: list[tuple[str, ...]], lb_status: list[tuple[str, ...]],
+                  tenants: list[tuple[str, ...]]) -> None:
     from vllm_fleet.host.metrics import LIVE_HEAD
 
     live = {(r.host, r.instance): r.live.cells() for r in current().results if r.live is not None}
@@ -391,5 +395,7 @@ def _print_status(status: list[tuple[str, ...]], lb_status: list[tuple[str, ...]
     rows = [(*row, *live.get((row[0], row[1]), ("-",) * len(LIVE_HEAD))) for row in sorted(status)]
     print("\n" + columns(head, rows) + skipped_hosts_note())
     if lb_status:
-        print("\n" + columns(("BALANCER", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
-                                  sorted(lb_status)))
+        print("\n" + columns(("DOOR", "MODEL", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
+                              sorted(lb_status)))
+    if tenants:
+        print("\n" + columns(("DOOR", "TENANT", "REQUESTS/60S", "REQUESTS", "TOKENS"), sorted(tenants)))

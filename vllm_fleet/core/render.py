@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -103,10 +104,19 @@ def serve_config(plan: HostPlan, inst: InstancePlan) -> str:
                     inst.config_path)
 
 
-def haproxy_config(b: lb.Balancer, socket: str) -> str:
+def haproxy_config(b: lb.Balancer, socket: str, maps: str) -> str:
+    """maps: the door's folder of map and answer files (lb.door_files)."""
     return _checked(environment().get_template("haproxy.cfg.j2").render(
-        lb=b, socket=socket, backend=lb.BACKEND, key_var=lb.KEY_VAR, body=lb.check_body(b.served_name)),
+        lb=b, socket=socket, maps=maps, bufsize=lb.buffer_size(b.spec), max_body=b.spec.max_body_kib * 1024,
+        tenant_table=lb.TENANT_TABLE, models_route=lb.MODELS_ROUTE, check_body=lb.check_body),
         "haproxy.cfg")
+
+
+def router_unit(b: lb.Balancer, m: lb.Model) -> str:
+    r = b.spec.router
+    assert r is not None
+    return _checked(environment().get_template("vllm-fleet-router.service.j2").render(
+        m=m, policy=r.policy, argv=shlex.join(lb.router_argv(b, m))), lb.router_unit(m))
 
 
 def env_file(inst: InstancePlan, environ: Mapping[str, str]) -> str:
