@@ -47,7 +47,8 @@ def one(inv: Path, drain: bool, seqs: int, rate: float, tokens: int) -> tuple[di
     from vllm_fleet.controller.load import Load, summary
 
     over = {"flags": {"host": "0.0.0.0", "shutdown_timeout": 30 if drain else 0}}
-    lb = {"port": 8080, "check_interval_s": 1, "drain": drain}
+    # haproxy alone, no router: what is measured is the drain
+    lb = {"port": 8080, "check_interval_s": 1, "drain": drain, "router": None}
     inv.write_text(INVENTORY.format(over=over, lb=lb))
     run([str(BIN / "pyinfra"), "-y", str(inv), "deploys/vllm.py", "deploys/lb.py"])  # settle first
     time.sleep(5)  # haproxy's checks see every server up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -15,9 +16,12 @@ import httpx
 import pytest
 
 import fleetlab as lab
-from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
+from fleetlab import pypimirror
+from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, on, unit_props
 from tests.hosts.inventory import HOSTS_ENV
 from vllm_fleet.controller.load import Load, summary
+from vllm_fleet.core import lb as lb_core
+from vllm_fleet.core.spec import deep_merge
 
 HOSTS = ["lab1", "lab2", "lab3"]
 POLL = ("systemd-run --quiet --collect --unit=rollout-poll sh -c 'for i in $(seq 1 {n}); do "
@@ -156,22 +160,56 @@ def test_an_unreachable_host_stops_the_rollout_naming_it(three_hosts):
         lab.up(3)  # boots lab2 again from its disk; its service starts by itself
 
 
-# Issue 21: the same three hosts behind a real haproxy (the distribution's package) on lab7, a plain
-# host of the inventory; the health check is a real completion with the key.
+# Issues 21 and 35: the same three hosts behind the front door on lab7, a plain host of the inventory:
+# haproxy (the distribution's package) at the edge and per instance, vllm-router from PyPI (through
+# the lab's PyPI mirror) per model. lab1 and lab2 serve the tiny model, lab3 the same files under a
+# second name, tiny-b: a second model as the door sees it. Two tenants with their own keys.
 LB = "lab7"
 LB_URL = "http://10.77.7.2:8080"
-BEHIND = {**{h: {"flags": {"host": "0.0.0.0"}} for h in HOSTS},
-          "__hostdata__": {LB: {"vllm_lb": {"port": 8080, "hosts": HOSTS, "check_interval_s": 1}}}}
+TENANT_KEYS = {var: f"{var.lower()}-{secrets.token_hex(12)}"
+               for var in ("TEAM_A_KEY", "TEAM_A_NEXT", "TEAM_B_KEY")}
+os.environ.update(TENANT_KEYS)  # the controller's environment: every run below inherits it
+
+
+def door(team_a_keys: tuple[str, ...] = ("TEAM_A_KEY",)) -> dict:
+    return {"port": 8080, "hosts": HOSTS, "check_interval_s": 1,
+            "router": {"index_url": pypimirror.index_url()},
+            "tenants": [{"name": "team-a", "key_envs": list(team_a_keys)},
+                        {"name": "team-b", "key_envs": ["TEAM_B_KEY"], "models": ["tiny-b"],
+                         "requests_per_min": 4}]}
+
+
+BEHIND = {"lab1": {"flags": {"host": "0.0.0.0"}}, "lab2": {"flags": {"host": "0.0.0.0"}},
+          "lab3": {"flags": {"host": "0.0.0.0", "served_model_name": "tiny-b"}},
+          "__hostdata__": {LB: {"vllm_lb": door()}}}
+MODEL_OF = {"lab1": "tiny-llama", "lab2": "tiny-llama", "lab3": "tiny-b"}
 
 
 def lb_servers() -> dict[str, dict]:
+    """The instances' own listeners (backend/server "<host>-default/<host>-default")."""
     out = on(LB, "python3 /usr/local/lib/vllm-fleet/lbctl.py /run/vllm-fleet-lb.sock show")
-    return {r["server"]: r for r in map(json.loads, out.splitlines())}
+    rows = {r["server"]: r for r in map(json.loads, out.splitlines())}
+    return {n: r for n, r in rows.items() if n.split("/")[0] == n.split("/")[1]}
+
+
+def through(path: str, key: str | None, body: dict | None = None, method: str = "POST") -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=LB_URL, timeout=60) as c:
+        return c.request(method, path, json=body, headers=headers)
+
+
+def completions_served(h: str) -> int:
+    """vLLM's own count of finished requests on the host (its /metrics, read on the host)."""
+    status, text = api_get(h, "/metrics")
+    assert status == 200, text[:300]
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total{")))
 
 
 @pytest.fixture(scope="module")
 def balanced(three_hosts):
-    lab.up(3, plain=2)  # lab7 joins as the load balancer
+    lab.up(3, plain=2)  # lab7 joins as the front door
+    pypimirror.start()
     os.environ[HOSTS_ENV] += f",{LB}"
     run = deploy("deploys/vllm.py deploys/lb.py", overrides=BEHIND)
     assert run.rc == 0, run.output[-4000:]
@@ -180,31 +218,94 @@ def balanced(three_hosts):
             break
         time.sleep(1)
     yield run
+    pypimirror.stop()
     lab.remove(lab.LabHost(7, "plain"))
 
 
-def test_haproxy_fronts_every_instance_with_a_completion_check_and_no_key_in_its_config(balanced):
-    assert set(lb_servers()) == {f"vllm/{h}-default" for h in HOSTS}
+def test_the_door_checks_every_instance_with_a_completion_and_holds_no_key(balanced):
+    assert set(lb_servers()) == {f"{h}-default/{h}-default" for h in HOSTS}
     assert all(r["status"] == "UP" and r["check"] == "L7OK" for r in lb_servers().values()), lb_servers()
-    cfg = on(LB, "cat /etc/haproxy/haproxy.cfg")
-    assert "uri /v1/completions" in cfg and os.environ["VLLM_API_KEY"] not in cfg
+    cfg = on(LB, "cat /etc/haproxy/haproxy.cfg /etc/haproxy/vllm-fleet/* "
+                 "/etc/systemd/system/vllm-fleet-router-*")
+    assert "uri /v1/completions" in cfg
+    assert not [k for k in (os.environ["VLLM_API_KEY"], *TENANT_KEYS.values()) if k in cfg]
     assert on(LB, "stat -c %a:%U /etc/haproxy/vllm-fleet.env").strip() == "600:root"
-    key = os.environ["VLLM_API_KEY"]
-    with httpx.Client(base_url=LB_URL, timeout=30) as c:
-        ok = c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 2},
-                    headers={"Authorization": f"Bearer {key}"})
-        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
-        assert c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi"}).status_code == 401
     again = deploy("deploys/lb.py", overrides=BEHIND, limit=LB)
     assert again.rc == 0 and again.changed_ops() == [], again.changed_ops()
 
 
-def test_rollout_under_load_through_haproxy_fails_no_request(balanced):
-    load = Load(LB_URL, "tiny-llama", os.environ["VLLM_API_KEY"], rate_per_s=4, max_s=600).start()
+def test_one_endpoint_routes_by_model_through_each_models_router(balanced):
+    models = through("/v1/models", TENANT_KEYS["TEAM_A_KEY"], method="GET")
+    assert models.status_code == 200 and {m["id"] for m in models.json()["data"]} == {"tiny-llama", "tiny-b"}
+    before = {h: completions_served(h) for h in HOSTS}
+    for model, n in (("tiny-llama", 6), ("tiny-b", 3)):
+        for i in range(n):
+            r = through("/v1/completions", TENANT_KEYS["TEAM_A_KEY"],
+                        {"model": model, "prompt": f"turn {i}", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["model"] == model, r.text[:300]
+    served = {h: completions_served(h) - before[h] for h in HOSTS}
+    # lab3 alone serves tiny-b; the tiny model's six went to lab1 and lab2 (the door's own one-token
+    # checks go to the listeners, not through the routers, and are counted too: at least, not exactly)
+    assert served["lab3"] >= 3 and served["lab1"] + served["lab2"] >= 6, served
+    unknown = through("/v1/completions", TENANT_KEYS["TEAM_A_KEY"], {"model": "nope", "prompt": "x"})
+    assert unknown.status_code == 404 and "tiny-llama" in unknown.text and "tiny-b" in unknown.text
+    # the routers are in the path: each model's router counted its requests
+    metrics = on(LB, "curl -s 127.0.0.1:32000/metrics; curl -s 127.0.0.1:32001/metrics")
+    assert "vllm_router" in metrics, metrics[:500]
+
+
+def test_tenants_keys_models_and_limits_at_the_door(balanced):
+    body = {"model": "tiny-b", "prompt": "hi", "max_tokens": 1}
+    assert through("/v1/completions", None, body).status_code == 401
+    assert through("/v1/completions", os.environ["VLLM_API_KEY"], body).status_code == 401  # vLLM's own key
+    assert through("/v1/completions", "team-a-guess", body).status_code == 401
+    llama = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 1}
+    assert through("/v1/completions", TENANT_KEYS["TEAM_B_KEY"], llama).status_code == 403
+    codes = [through("/v1/completions", TENANT_KEYS["TEAM_B_KEY"], body).status_code for _ in range(5)]
+    assert codes.count(429) >= 1 and codes[0] == 200, codes  # 4 a minute, the 403 above counted
+    # team-b's limit is team-b's alone
+    assert through("/v1/completions", TENANT_KEYS["TEAM_A_KEY"], llama).status_code == 200
+
+
+def test_only_the_api_routes_pass_the_door(balanced):
+    routes = json.loads(on("lab1", "cat /var/lib/vllm-fleet/staged/default.yaml.routes.json").strip())
+    paths = sorted({r["path"] for r in routes if "{" not in r["path"]})
+    assert "/metrics" in paths and "/v1/completions" in paths, paths
+    allowed = {"/v1/models", *lb_core.API_ROUTES}
+    key = TENANT_KEYS["TEAM_A_KEY"]
+    for p in paths:
+        r = through(p, key, {"model": "tiny-llama"}, method="GET" if p == "/v1/models" else "POST")
+        refused = r.status_code == 404 and "not an API route of this endpoint" in r.text
+        assert refused == (p not in allowed), (p, r.status_code, r.text[:200])
+
+
+def test_key_rotation_and_revocation_reload_the_door_and_never_restart_vllm(balanced):
+    pids = {h: unit_props(h)["MainPID"] for h in HOSTS}
+    body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 1}
+    both = {**BEHIND, "__hostdata__": {LB: {"vllm_lb": door(("TEAM_A_KEY", "TEAM_A_NEXT"))}}}
+    run = deploy("deploys/lb.py", overrides=both, limit=LB)
+    assert run.rc == 0, run.output[-3000:]
+    assert [through("/v1/completions", TENANT_KEYS[k], body).status_code
+            for k in ("TEAM_A_KEY", "TEAM_A_NEXT")] == [200, 200]
+    only_next = {**BEHIND, "__hostdata__": {LB: {"vllm_lb": door(("TEAM_A_NEXT",))}}}
+    run = deploy("deploys/lb.py", overrides=only_next, limit=LB)
+    assert run.rc == 0, run.output[-3000:]
+    assert [through("/v1/completions", TENANT_KEYS[k], body).status_code
+            for k in ("TEAM_A_KEY", "TEAM_A_NEXT")] == [401, 200]
+    assert {h: unit_props(h)["MainPID"] for h in HOSTS} == pids
+    for h in HOSTS:  # tenant keys reach no vLLM host: files, units, argv, journal
+        seen = on(h, "cat /etc/vllm/* /etc/systemd/system/vllm-* /proc/*/cmdline 2>/dev/null | tr '\\0' ' '; "
+                     "journalctl --no-pager -o cat -u 'vllm-*'")
+        assert not [k for k in TENANT_KEYS.values() if k in seen], h
+    assert deploy("deploys/lb.py", overrides=BEHIND, limit=LB).rc == 0  # back to the module's door
+
+
+def test_rollout_under_load_through_the_door_fails_no_request(balanced):
+    load = Load(LB_URL, "tiny-llama", TENANT_KEYS["TEAM_A_KEY"], rate_per_s=4, max_s=600).start()
     time.sleep(8)
     began = load.mark()
     proc = rollout("--canary", "1", "--wave", "1",
-                   overrides={**BEHIND, **{h: {"flags": {"host": "0.0.0.0", "max_num_seqs": 5}}
+                   overrides={**BEHIND, **{h: deep_merge(BEHIND[h], {"flags": {"max_num_seqs": 5}})
                                            for h in HOSTS}})
     ended = load.mark()
     time.sleep(3)
@@ -212,7 +313,7 @@ def test_rollout_under_load_through_haproxy_fails_no_request(balanced):
     before = summary([s for s in load.samples if s.t < began])
     during = summary([s for s in load.samples if began <= s.t <= ended])
     print(proc.stdout)
-    print(f"through haproxy: before {before}; during the rollout {during}")
+    print(f"through the door: before {before}; during the rollout {during}")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "updated: lab1, lab2, lab3" in proc.stdout
     for h in HOSTS:
@@ -222,14 +323,18 @@ def test_rollout_under_load_through_haproxy_fails_no_request(balanced):
     assert all(r["status"] == "UP" for r in lb_servers().values()), lb_servers()  # ready again
 
 
-def test_status_shows_each_server_in_the_load_balancer(balanced):
+def test_status_shows_the_door_per_model_and_per_tenant(balanced):
     env = {**os.environ, "VLLM_FLEET_TEST_OVERRIDES": json.dumps(BEHIND)}
     proc = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "status", INVENTORY], cwd=ROOT,
                           env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"{LB} ")]
-    assert sorted(r[1] for r in rows) == [f"vllm/{h}-default" for h in HOSTS], proc.stdout[-2000:]
-    assert all(r[2] == "UP" and r[3] == "ready" for r in rows), rows
+    servers = [r for r in rows if len(r) == 7]
+    assert {(r[1], r[2]) for r in servers} == {(MODEL_OF[h], f"{h}-default/{h}-default") for h in HOSTS}, \
+        proc.stdout[-2000:]
+    assert all(r[3] == "UP" and r[4] == "ready" for r in servers), servers
+    tenants = {r[1]: r for r in rows if len(r) == 5}
+    assert set(tenants) == {"team-a", "team-b"} and int(tenants["team-a"][3]) > 0, proc.stdout[-2000:]
 
 
 def test_a_restart_lets_a_streaming_request_finish(balanced):
@@ -266,15 +371,15 @@ def test_a_host_whose_change_fails_stays_drained_until_a_deploy_passes(balanced)
     run = deploy(overrides=bad, limit="lab2")
     assert run.rc != 0 and "lab2: change failed and was rolled back" in run.output, run.output[-3000:]
     assert "drained in lab7" in run.output
-    assert lb_servers()["vllm/lab2-default"]["admin"] == "drain", lb_servers()
-    assert [(r["status"], r["admin"]) for n, r in sorted(lb_servers().items()) if n != "vllm/lab2-default"] \
-        == [("UP", "ready"), ("UP", "ready")]
+    assert lb_servers()["lab2-default/lab2-default"]["admin"] == "drain", lb_servers()
+    assert [(r["status"], r["admin"]) for n, r in sorted(lb_servers().items())
+            if n != "lab2-default/lab2-default"] == [("UP", "ready"), ("UP", "ready")]
     good = deploy(overrides=BEHIND, limit="lab2")  # nothing to change: the smoke test passes, back in
     assert good.rc == 0, good.output[-3000:]
     assert "ready in lab7" in good.output
     for _ in range(20):
-        if lb_servers()["vllm/lab2-default"]["status"] == "UP":
+        if lb_servers()["lab2-default/lab2-default"]["status"] == "UP":
             break
         time.sleep(1)
-    assert (lb_servers()["vllm/lab2-default"]["status"], lb_servers()["vllm/lab2-default"]["admin"]) == \
-        ("UP", "ready"), lb_servers()
+    row = lb_servers()["lab2-default/lab2-default"]
+    assert (row["status"], row["admin"]) == ("UP", "ready"), lb_servers()
