@@ -25,7 +25,7 @@ from pyinfra.operations import apt, python, server, systemd
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import lb as core
 from vllm_fleet.core import render
-from vllm_fleet.core.layout import HOST_TOOLS
+from vllm_fleet.core.layout import HOST_TOOLS, SYSTEMD_DIR
 from vllm_fleet.core.spec import SpecError
 from vllm_fleet.roles import remote
 from vllm_fleet.roles.hostplan import Refused, inventory_specs
@@ -37,9 +37,8 @@ SOCKET = "/run/vllm-fleet-lb.sock"
 CONFIG = "/etc/haproxy/haproxy.cfg"
 STAGED = "/etc/haproxy/.vllm-fleet-staged.cfg"
 ENV_FILE = "/etc/haproxy/vllm-fleet.env"
-DROP_IN = "/etc/systemd/system/haproxy.service.d/vllm-fleet.conf"
+DROP_IN = f"{SYSTEMD_DIR}/haproxy.service.d/vllm-fleet.conf"
 DOOR_DIR = "/etc/haproxy/vllm-fleet"
-UNIT_DIR = "/etc/systemd/system"
 
 
 class LbError(PyinfraError):
@@ -175,8 +174,6 @@ def tenant_states() -> list[tuple[str, ...]]:
                                for k in ("rate_60s", "requests", "tokens"))) for t in b.spec.tenants]
 
 
-
-
 @deploy("vLLM front door")
 def deploy_vllm_balancer() -> None:
     """The fleet's front door: haproxy from the distribution at the edge (routes by model, tenant keys,
@@ -218,7 +215,7 @@ def deploy_vllm_balancer() -> None:
     door = [(text.encode(), f"{DOOR_DIR}/{name}") for name, text in files.items()]
     units = ({core.router_unit(m): render.router_unit(b, m).encode() for m in b.models}
              if b.spec.router else {})
-    unit_files = [(text, f"{UNIT_DIR}/{name}") for name, text in units.items()]
+    unit_files = [(text, f"{SYSTEMD_DIR}/{name}") for name, text in units.items()]
     cfg = render.haproxy_config(b, SOCKET, DOOR_DIR)
     env = [(Secret("".join(f"{var}={render.envquote(os.environ[ctl])}\n" for ctl, var in b.key_vars)),
             ENV_FILE)]
@@ -227,7 +224,7 @@ def deploy_vllm_balancer() -> None:
     paths = (CONFIG, ENV_FILE, DROP_IN, LBCTL, STAGED, *(d for _, d in door), *(d for _, d in unit_files))
     if stale(tools, "root", "root", "755", paths):
         synced_files(name="lbctl.py", files=tools, mode="755", paths=paths)
-    old_routers = [u for u in host.get_fact(FindFiles, path=UNIT_DIR, quote_path=True, maxdepth=1,
+    old_routers = [u for u in host.get_fact(FindFiles, path=SYSTEMD_DIR, quote_path=True, maxdepth=1,
                                            fname="vllm-fleet-router-*.service") or []
                    if u.rsplit("/", 1)[-1] not in units]
     door_changed = bool(stale(door, "root", "root", "600", paths))

@@ -25,6 +25,7 @@ SUMS = f"{FLEET_STATE}/sums.json"  # checksums of the files the deploy wrote (ro
 HOST_WHEELS = "/var/cache/vllm-fleet/wheels"
 # the stdlib-only scripts that run on hosts (hoststate, the validator, the watchdog)
 HOST_TOOLS = "/usr/local/lib/vllm-fleet"
+SYSTEMD_DIR = "/etc/systemd/system"  # the units and drop-ins this toolkit writes
 UV_PATH = "/usr/local/bin/uv"  # vllm_fleet/host/hoststate.py's UV: host-side scripts import nothing of ours
 HOST_PYTHON = "/usr/bin/python3"  # the OS's python3: host scripts, and the base of every release's venv
 # vllm_fleet/host/keyguard.py, alone in its directory (the unit's PYTHONPATH, so nothing else becomes

@@ -169,11 +169,16 @@ class Balancer:
 
     @property
     def port_base(self) -> int:
-        return (self.spec.router or RouterSpec()).port_base
+        return port_base(self.spec)
 
     @property
     def routes(self) -> tuple[str, ...]:
         return (*API_ROUTES, *self.spec.extra_routes)
+
+
+def port_base(spec: LbSpec) -> int:
+    """The first of the door's loopback ports; without a router the listeners still start there."""
+    return (spec.router or RouterSpec()).port_base
 
 
 def model_slug(name: str) -> str:
@@ -279,7 +284,7 @@ def _door_problems(lb_host: str, lb: LbSpec, names: list[str], servers: tuple[Se
         elif r == "/metrics" or r.startswith(("/pause", "/sleep", "/collective_rpc", "/server_info")):
             problems.append(f"{lb_host}: vllm_lb.extra_routes: {r} is an administration route; clients of "
                             "the door never reach it")
-    base = (lb.router or RouterSpec()).port_base
+    base = port_base(lb)
     top = base + 3 * PORT_BLOCK - 1
     if base <= lb.port <= top:
         problems.append(f"{lb_host}: vllm_lb.port: {lb.port} is inside the door's own loopback ports "
