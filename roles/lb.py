@@ -35,7 +35,10 @@ from vllm_fleet.roles.ops import Secret, stale, synced_files
 LBCTL = f"{HOST_TOOLS}/lbctl.py"
 SOCKET = "/run/vllm-fleet-lb.sock"
 CONFIG = "/etc/haproxy/haproxy.cfg"
-STAGED = "/etc/haproxy/.vllm-fleet-staged.cfg"
+# a new config and door files are checked here, where haproxy does not read them, before they go live
+STAGED_DIR = "/etc/haproxy/.vllm-fleet-staged"
+STAGED = f"{STAGED_DIR}/check.cfg"
+STAGED_LIVE = f"{STAGED_DIR}/haproxy.cfg"
 ENV_FILE = "/etc/haproxy/vllm-fleet.env"
 DROP_IN = f"{SYSTEMD_DIR}/haproxy.service.d/vllm-fleet.conf"
 DOOR_DIR = "/etc/haproxy/vllm-fleet"
@@ -165,13 +168,22 @@ def server_states() -> list[tuple[str, ...]]:
 
 
 def tenant_states() -> list[tuple[str, ...]]:
-    """(door, tenant, requests over 60 s, requests, tokens) on this door host, for `vllm-fleet status`."""
+    """(door, tenant, requests over 60 s, requests, 4xx, tokens, tokens over 60 s) on this door host,
+    for `vllm-fleet status`; the counts are the ones Prometheus reads (none without a metrics
+    endpoint)."""
     b = balancers().get(host.name)
     if b is None or not b.spec.tenants:
         return []
-    seen = {r["tenant"]: r for r in _lbctl(b, "tenants", core.TENANT_TABLE)["rows"]}
-    return [(b.host, t.name, *(str(seen.get(t.name, {}).get(k, 0))
-                               for k in ("rate_60s", "requests", "tokens"))) for t in b.spec.tenants]
+    url = core.metrics_url(b.spec, core.TENANT_METRICS_PATH)
+    rows = _lbctl(b, "tenants", core.TENANT_TABLE, *([url] if url else []))["rows"]
+    rate = {r["tenant"]: r["rate_60s"] for r in rows if "tenant" in r}
+    usage = core.tenant_usage(next((r["metrics"] for r in rows if "metrics" in r), ""))
+    out = []
+    for t in b.spec.tenants:
+        u = usage.get(t.name)
+        counts = [str(u[k]) if u else "-" for k in ("requests", "4xx", "tokens", "tokens_60s")]
+        out.append((b.host, t.name, str(rate.get(t.name, 0)), *counts))
+    return out
 
 
 @deploy("vLLM front door")
@@ -212,7 +224,10 @@ def deploy_vllm_balancer() -> None:
     if b.spec.router:
         _router_installed(b.spec.router)
     files = core.door_files(b, os.environ)
+    if b.spec.tenants:
+        files["door.lua"] = render.door_lua(b)
     door = [(text.encode(), f"{DOOR_DIR}/{name}") for name, text in files.items()]
+    staged = [(text.encode(), f"{STAGED_DIR}/door/{name}") for name, text in files.items()]
     units = ({core.router_unit(m): render.router_unit(b, m).encode() for m in b.models}
              if b.spec.router else {})
     unit_files = [(text, f"{SYSTEMD_DIR}/{name}") for name, text in units.items()]
@@ -221,24 +236,28 @@ def deploy_vllm_balancer() -> None:
             ENV_FILE)]
     drop_in = [(f"[Service]\nEnvironmentFile={ENV_FILE}\n".encode(), DROP_IN)]
     tools = [(str(HOST_SRC / "lbctl.py"), LBCTL)]
-    paths = (CONFIG, ENV_FILE, DROP_IN, LBCTL, STAGED, *(d for _, d in door), *(d for _, d in unit_files))
+    paths = (CONFIG, ENV_FILE, DROP_IN, LBCTL, STAGED, STAGED_LIVE, *(d for _, d in door),
+             *(d for _, d in staged), *(d for _, d in unit_files))
     if stale(tools, "root", "root", "755", paths):
         synced_files(name="lbctl.py", files=tools, mode="755", paths=paths)
     old_routers = [u for u in host.get_fact(FindFiles, path=SYSTEMD_DIR, quote_path=True, maxdepth=1,
                                            fname="vllm-fleet-router-*.service") or []
                    if u.rsplit("/", 1)[-1] not in units]
     door_changed = bool(stale(door, "root", "root", "600", paths))
-    if door_changed:
-        synced_files(name=f"door maps and answers in {DOOR_DIR} (keys as SHA-256 only)", files=door,
-                     mode="600", paths=paths)
     cfg_changed = bool(stale([(cfg.encode(), CONFIG)], "root", "root", "644", paths))
     if cfg_changed or door_changed:
-        synced_files(name=f"staged {CONFIG}", files=[(cfg.encode(), STAGED)], mode="600", paths=paths)
+        # the whole new set, config and files, is checked where haproxy does not read it; a refused
+        # one leaves the live config and files as they were
+        check = render.haproxy_config(b, SOCKET, f"{STAGED_DIR}/door")
+        synced_files(name=f"staged {CONFIG} and door files (keys as SHA-256 only)",
+                     files=[*staged, (check.encode(), STAGED), (cfg.encode(), STAGED_LIVE)], mode="600",
+                     paths=paths)
         # haproxy's own check, with placeholder keys: the real ones never reach an argv
         placeholders = " ".join(f"{var}=placeholder" for _, var in b.key_vars)
-        server.shell(name=f"haproxy validates the new {CONFIG}", commands=[
-            f"{placeholders} haproxy -c -q -f {STAGED} && install -m 644 {STAGED} {CONFIG} "
-            f"&& rm -f {STAGED}"])
+        server.shell(name=f"haproxy validates the new {CONFIG} and door files, then they go live", commands=[
+            f"{placeholders} haproxy -c -q -f {STAGED} && install -d -m 700 {DOOR_DIR} "
+            f"&& cp -p {STAGED_DIR}/door/* {DOOR_DIR}/ && install -m 644 {STAGED_LIVE} {CONFIG} "
+            f"&& rm -rf {STAGED_DIR}"])
     env_changed = bool(stale(env, "root", "root", "600", paths))
     if env_changed:
         synced_files(name=f"haproxy's instance keys {ENV_FILE} (0600)", files=env, mode="600", paths=paths)

@@ -26,6 +26,7 @@ from vllm_fleet.core import prometheus
 from vllm_fleet.core.plan import HostPlan
 from vllm_fleet.roles.facts import VllmHost
 from vllm_fleet.roles.hostplan import inventory_specs, plan_without_secrets, this_host
+from vllm_fleet.roles.lb import balancers
 
 
 def output_path() -> str:
@@ -34,8 +35,8 @@ def output_path() -> str:
 
 @deploy("vLLM Prometheus targets")
 def write_vllm_targets() -> None:
-    """Prometheus file_sd targets for every instance a scraper can reach, written on the controller,
-    atomically, once per run. Changes nothing on the hosts.
+    """Prometheus file_sd targets for every instance a scraper can reach, and the front doors' metrics
+    endpoints, written on the controller, atomically, once per run. Changes nothing on the hosts.
 
     Host data read: ``vllm``, ``vllm_defaults``. Environment: ``VLLM_FLEET_TARGETS_OUTPUT`` (the file).
 
@@ -92,6 +93,10 @@ def _write(state: State, host: Host, path: str, plans: dict[str, tuple[HostPlan,
         return _fail(host, summary, f"{path} not written (left as it was): no plan for {', '.join(missing)} "
                                     "(unreachable or failed, see above)")
     groups, left_out = prometheus.file_sd(plans.values())
+    doors = [(b, inventory.get_host(name).data.get("ssh_hostname") or name)
+             for name, b in balancers().items() if state.is_host_in_limit(inventory.get_host(name))]
+    door_groups, door_left_out = prometheus.door_targets(doors)
+    groups, left_out = groups + door_groups, left_out + door_left_out
     try:
         write_atomically(Path(path), prometheus.render(groups))
     except OSError as e:

@@ -398,4 +398,5 @@ def _print_status(status: list[tuple[str, ...]], lb_status: list[tuple[str, ...]
         print("\n" + columns(("DOOR", "MODEL", "SERVER", "STATE", "ADMIN", "CHECK", "SESSIONS"),
                               sorted(lb_status)))
     if tenants:
-        print("\n" + columns(("DOOR", "TENANT", "REQUESTS/60S", "REQUESTS", "TOKENS"), sorted(tenants)))
+        print("\n" + columns(("DOOR", "TENANT", "REQUESTS/60S", "REQUESTS", "4XX", "TOKENS", "TOKENS/60S"),
+                              sorted(tenants)))

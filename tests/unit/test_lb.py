@@ -59,6 +59,11 @@ def test_a_loopback_instance_cannot_be_balanced():
     ({"drain": "yes"}, "vllm_lb.drain: 'yes' (str) is not a boolean; write True"),
     ({"check_interval_s": True}, "vllm_lb.check_interval_s: True (bool) is not an integer"),
     ({"hosts": "a"}, "vllm_lb.hosts: 'a' (str) is not a list"),
+    ({"tenants": [{"name": "a", "key_envs": ["K"], "tokens_per_min": 0}]},
+     "vllm_lb.tenants[0].tokens_per_min"),
+    ({"metrics": {"port": 31000}}, "vllm_lb.metrics.port: 31000 is inside the door's own loopback ports"),
+    ({"metrics": {"port": 8080}}, "vllm_lb.metrics.port: 8080 is the door's own port"),
+    ({"metrics": {"bind": "any"}}, "vllm_lb.metrics.bind"),
     ("a", "vllm_lb: 'a' (str) is not a dict"),
 ])
 def test_bad_lb_data_names_the_host_and_field(data, words):
@@ -168,3 +173,66 @@ def test_without_a_router_haproxy_balances_a_models_listeners_itself():
     cfg = render.haproxy_config(door(router=None), "/s", "/m")
     tiny = cfg.split(f"backend model-{lb.model_slug('tiny')}", 1)[1].split("\n\n", 1)[0]
     assert "balance leastconn" in tiny and "127.0.0.1:31000" in tiny and "127.0.0.1:31001" in tiny
+
+
+# what door.lua served on /metrics/tenants under haproxy 2.6.12 (Debian 12), two tenants after a few
+# requests: the text tenant_usage reads
+SERVED = """\
+# HELP vllm_fleet_door_requests_total Requests with a tenant's key, by the answer's status.
+# TYPE vllm_fleet_door_requests_total counter
+vllm_fleet_door_requests_total{tenant="team-a",code="200"} 2
+vllm_fleet_door_requests_total{tenant="team-a",code="429"} 2
+vllm_fleet_door_requests_total{tenant="team-b",code="200"} 1
+vllm_fleet_door_tokens_total{tenant="team-a",kind="completion"} 40
+vllm_fleet_door_tokens_total{tenant="team-a",kind="prompt"} 20
+vllm_fleet_door_tokens_total{tenant="team-a",kind="streamed"} 0
+vllm_fleet_door_tokens_total{tenant="team-b",kind="completion"} 20
+vllm_fleet_door_tokens_total{tenant="team-b",kind="prompt"} 10
+vllm_fleet_door_tokens_total{tenant="team-b",kind="streamed"} 7
+vllm_fleet_door_tokens_last_minute{tenant="team-a"} 60
+vllm_fleet_door_tokens_last_minute{tenant="team-b"} 37
+vllm_fleet_door_tokens_per_min_limit{tenant="team-a"} 50
+vllm_fleet_door_tokens_per_min_limit{tenant="team-b"} 0
+vllm_fleet_door_unknown_key_total 0
+"""
+
+
+def test_tenant_usage_reads_the_doors_counts():
+    assert lb.tenant_usage(SERVED) == {
+        "team-a": {"requests": 4, "4xx": 2, "tokens": 60, "tokens_60s": 60},
+        "team-b": {"requests": 1, "4xx": 0, "tokens": 37, "tokens_60s": 37}}
+    assert lb.tenant_usage("") == {}
+
+
+def test_the_tenants_are_counted_by_the_doors_lua_and_every_refusal_is_counted_before_it_is_sent():
+    tenants = [{**TENANTS[0], "tokens_per_min": 5000}, TENANTS[1]]
+    b = door(tenants=tenants)
+    cfg = render.haproxy_config(b, "/s", "/m")
+    assert "lua-load /m/door.lua" in cfg
+    edge = cfg.split("frontend door", 1)[1].split("\nbackend ", 1)[0]
+    lines = [line.strip() for line in edge.splitlines()]
+    for code in ("401", "429", "413", "404", "403", "400"):  # each counted, then answered, same condition
+        counted = next(i for i, line in enumerate(lines)
+                       if line.startswith(f"http-request lua.vllm_fleet_refused {code} "))
+        answer = lines[counted + 1]
+        assert answer.startswith(f"http-request return status {code} "), answer
+        assert answer.rsplit(" if ", 1)[1] == lines[counted].split(" if ", 1)[1]
+    assert "lua.vllm_fleet_tokens_over" in edge and "http-response lua.vllm_fleet_answered" in edge
+    metrics = cfg.split("frontend metrics", 1)[1].split("\n\n", 1)[0]
+    assert "bind 127.0.0.1:8405" in metrics
+    assert "use-service prometheus-exporter if { path /metrics }" in metrics
+    assert "use-service lua.vllm_fleet_tenant_metrics if { path /metrics/tenants }" in metrics
+    lua = render.door_lua(b)
+    assert '["team-a"] = 5000,' in lua and '["team-b"] = 0,' in lua
+    assert all(name in lua for name in lb.TENANT_METRICS.values())
+    # without tenants: no Lua, haproxy's own exporter only; metrics null: no endpoint
+    plain = render.haproxy_config(door(), "/s", "/m")
+    assert "lua" not in plain and "prometheus-exporter" in plain
+    assert "frontend metrics" not in render.haproxy_config(door(metrics=None), "/s", "/m")
+
+
+def test_the_door_host_reaches_its_own_metrics_endpoint():
+    assert lb.metrics_url(door().spec, "/metrics/tenants") == "http://127.0.0.1:8405/metrics/tenants"
+    assert lb.metrics_url(door(metrics={"bind": "0.0.0.0", "port": 9100}).spec, "/x") == "http://127.0.0.1:9100/x"
+    assert lb.metrics_url(door(metrics={"bind": "::1"}).spec, "/x") == "http://[::1]:8405/x"
+    assert lb.metrics_url(door(metrics=None).spec, "/x") is None

@@ -112,3 +112,22 @@ def test_an_instance_with_a_key_whose_metrics_are_not_open_is_left_out_with_why(
     assert [g["labels"]["instance"] for g in groups] == ["open"]
     assert [(x.instance, x.why) for x in left_out] == [
         ("shut", '/metrics needs the API key; add "/metrics" to open_paths')]
+
+
+def test_a_door_is_scraped_at_both_endpoints_unless_it_keeps_them_on_loopback() -> None:
+    from vllm_fleet.core import lb
+    from vllm_fleet.core.prometheus import LeftOut, door_targets
+    from vllm_fleet.core.spec import parse_inventory
+
+    data = {"model": {"name": "tiny", "path": "/m"}, "flags": {"host": "0.0.0.0"}}
+    specs = parse_inventory([("a", data, None)])
+    tenants = [{"name": "t", "key_envs": ["K"]}]
+    open_door = lb.balancers({"d1": {"metrics": {"bind": "0.0.0.0"}, "tenants": tenants}}, specs, {})["d1"]
+    closed = lb.balancers({"d2": {}}, specs, {})["d2"]
+    groups, left_out = door_targets([(closed, "10.0.0.2"), (open_door, "10.0.0.1")])
+    assert groups == [
+        {"targets": ["10.0.0.1:8405"], "labels": {"host": "d1", "instance": "door", "endpoint": "haproxy",
+                                                  "__metrics_path__": "/metrics"}},
+        {"targets": ["10.0.0.1:8405"], "labels": {"host": "d1", "instance": "door", "endpoint": "tenants",
+                                                  "__metrics_path__": "/metrics/tenants"}}]
+    assert left_out == [LeftOut("d2", "door", "its metrics bind 127.0.0.1")]

@@ -47,6 +47,14 @@ MODELS_ROUTE = "/v1/models"
 PORT_BLOCK = 1000
 ROUTER_PACKAGE = "vllm-router"
 TENANT_TABLE = "tenants"
+# The door's metrics endpoint: haproxy's own exporter, and the tenants' counts (door.lua)
+METRICS_PATH = "/metrics"
+TENANT_METRICS_PATH = "/metrics/tenants"
+# the tenants' series, as door.lua writes them
+TENANT_METRICS = {"requests": "vllm_fleet_door_requests_total", "tokens": "vllm_fleet_door_tokens_total",
+                  "window": "vllm_fleet_door_tokens_last_minute",
+                  "limit": "vllm_fleet_door_tokens_per_min_limit",
+                  "unknown": "vllm_fleet_door_unknown_key_total"}
 
 
 class RouterSpec(BaseModel):
@@ -77,6 +85,22 @@ class TenantSpec(BaseModel):
     models: Seq[str] | None = None
     # requests over the last 60 s; None: no limit
     requests_per_min: int | None = Field(None, ge=1, le=10_000_000)
+    # tokens over the last 60 s (prompt and completion of JSON answers, a stream's max_tokens); once
+    # reached, requests are refused until the window has room. None: no limit
+    tokens_per_min: int | None = Field(None, ge=1, le=1_000_000_000)
+
+    _known = model_validator(mode="before")(hint_unknown)
+
+
+class MetricsSpec(BaseModel):
+    """`vllm_lb.metrics`: where Prometheus scrapes the door: haproxy's own exporter on /metrics (every
+    listener's state and checks), the tenants' requests and tokens on /metrics/tenants."""
+
+    model_config = STRICT
+
+    # loopback by default: tenant names and usage are not for the door's clients
+    bind: str = Field("127.0.0.1", pattern=r"^[0-9a-fA-F.:]+$")
+    port: int = Field(8405, ge=1, le=65535)
 
     _known = model_validator(mode="before")(hint_unknown)
 
@@ -106,6 +130,8 @@ class LbSpec(BaseModel):
     client_header_timeout_s: int = Field(10, ge=1, le=600)
     # routes beyond API_ROUTES a served model needs (exact paths)
     extra_routes: Seq[str] = Field(default_factory=list)
+    # None: no metrics endpoint
+    metrics: MetricsSpec | None = Field(default_factory=MetricsSpec)
 
     _known = model_validator(mode="before")(hint_unknown)
 
@@ -286,9 +312,12 @@ def _door_problems(lb_host: str, lb: LbSpec, names: list[str], servers: tuple[Se
                             "the door never reach it")
     base = port_base(lb)
     top = base + 3 * PORT_BLOCK - 1
-    if base <= lb.port <= top:
-        problems.append(f"{lb_host}: vllm_lb.port: {lb.port} is inside the door's own loopback ports "
-                        f"{base}-{top} (router.port_base)")
+    for field, port in (("port", lb.port), ("metrics.port", lb.metrics.port if lb.metrics else None)):
+        if port is not None and base <= port <= top:
+            problems.append(f"{lb_host}: vllm_lb.{field}: {port} is inside the door's own loopback ports "
+                            f"{base}-{top} (router.port_base)")
+    if lb.metrics and lb.metrics.port == lb.port:
+        problems.append(f"{lb_host}: vllm_lb.metrics.port: {lb.port} is the door's own port")
     if len(servers) >= PORT_BLOCK:
         problems.append(f"{lb_host}: vllm_lb: {len(servers)} instances; one door fronts fewer than "
                         f"{PORT_BLOCK}")
@@ -348,3 +377,33 @@ def unknown_model_json(b: Balancer) -> str:
     return json.dumps({"error": {"type": "NotFoundError", "code": 404,
                                  "message": "model not served by this endpoint; it serves: "
                                             + ", ".join(m.name for m in b.models)}})
+
+
+def tenant_usage(text: str) -> dict[str, dict[str, int]]:
+    """tenant -> {requests, 4xx, tokens, tokens_60s} from the door's /metrics/tenants text (4xx: the
+    door's own refusals, 403, 413, 429 and the like, and the instances' 4xx answers)."""
+    out: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r'(\w+)\{tenant="([^"]+)"(?:,(\w+)="([^"]*)")?\} (\d+)', line.strip())
+        if not m:
+            continue
+        name, tenant, label, value, n = m.group(1), m.group(2), m.group(3), m.group(4), int(m.group(5))
+        row = out.setdefault(tenant, {"requests": 0, "4xx": 0, "tokens": 0, "tokens_60s": 0})
+        if name == TENANT_METRICS["requests"]:
+            row["requests"] += n
+            if label == "code" and value.startswith("4"):
+                row["4xx"] += n
+        elif name == TENANT_METRICS["tokens"]:
+            row["tokens"] += n
+        elif name == TENANT_METRICS["window"]:
+            row["tokens_60s"] = n
+    return out
+
+
+def metrics_url(spec: LbSpec, path: str) -> str | None:
+    """The metrics endpoint as the door host itself reaches it."""
+    if spec.metrics is None:
+        return None
+    addr = "127.0.0.1" if spec.metrics.bind in ("0.0.0.0", "::") else spec.metrics.bind
+    addr = f"[{addr}]" if ":" in addr else addr
+    return f"http://{addr}:{spec.metrics.port}{path}"

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_fleet.core import lb
 from vllm_fleet.core.environment import is_loopback
 from vllm_fleet.core.plan import HostPlan, InstancePlan
 
@@ -80,6 +81,32 @@ def file_sd(plans: Iterable[tuple[HostPlan, str]]) -> tuple[list[dict[str, Any]]
                 left_out.append(t)
             else:
                 groups.append(t)
+    return groups, left_out
+
+
+def door_targets(doors: Iterable[tuple[lb.Balancer, str]]) -> tuple[list[dict[str, Any]], list[LeftOut]]:
+    """(groups, left out) for (front door, host address) pairs: haproxy's own exporter (each instance's
+    listener, its checks and sessions) and, with tenants, their requests and tokens. The `endpoint`
+    label keeps the two apart: they share an address, and Prometheus' `up` would otherwise be one
+    series for both."""
+    groups: list[dict[str, Any]] = []
+    left_out: list[LeftOut] = []
+    for b, address in sorted(doors, key=lambda d: d[0].host):
+        m = b.spec.metrics
+        if m is None:
+            left_out.append(LeftOut(b.host, "door", "vllm_lb.metrics is null"))
+            continue
+        if is_loopback(m.bind):
+            left_out.append(LeftOut(b.host, "door", f"its metrics bind {m.bind}"))
+            continue
+        addr = address if _wildcard(m.bind) else m.bind
+        target = f"[{addr}]:{m.port}" if ":" in addr else f"{addr}:{m.port}"
+        paths = [("haproxy", lb.METRICS_PATH)]
+        if b.spec.tenants:
+            paths.append(("tenants", lb.TENANT_METRICS_PATH))
+        for endpoint, path in paths:
+            groups.append({"targets": [target], "labels": {"host": b.host, "instance": "door",
+                                                           "endpoint": endpoint, "__metrics_path__": path}})
     return groups, left_out
 
 

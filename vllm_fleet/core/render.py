@@ -108,8 +108,15 @@ def haproxy_config(b: lb.Balancer, socket: str, maps: str) -> str:
     """maps: the door's folder of map and answer files (lb.door_files)."""
     return _checked(environment().get_template("haproxy.cfg.j2").render(
         lb=b, socket=socket, maps=maps, bufsize=lb.buffer_size(b.spec), max_body=b.spec.max_body_kib * 1024,
-        tenant_table=lb.TENANT_TABLE, models_route=lb.MODELS_ROUTE, check_body=lb.check_body),
+        tenant_table=lb.TENANT_TABLE, models_route=lb.MODELS_ROUTE, check_body=lb.check_body,
+        metrics_path=lb.METRICS_PATH, tenant_metrics_path=lb.TENANT_METRICS_PATH),
         "haproxy.cfg")
+
+
+def door_lua(b: lb.Balancer) -> str:
+    """haproxy's Lua for the tenants: their counts for Prometheus and their token limits."""
+    return _checked(environment().get_template("door.lua.j2").render(
+        tenants=b.spec.tenants, path=lb.TENANT_METRICS_PATH, names=lb.TENANT_METRICS), "door.lua")
 
 
 def router_unit(b: lb.Balancer, m: lb.Model) -> str:

@@ -6,7 +6,8 @@ Runs ON the load-balancer host (stdlib only, Python >= 3.9), uploaded by deploys
 
     lbctl.py SOCKET drain SECONDS SERVER...   set drain; wait (bounded) until none has a session
     lbctl.py SOCKET ready SERVER...           set ready (haproxy sends traffic once its check passes)
-    lbctl.py SOCKET tenants TABLE             one JSON object per tenant: its requests and tokens
+    lbctl.py SOCKET tenants TABLE [URL]       one JSON object per tenant: its requests over 60 s; with
+                                              URL (the door's /metrics/tenants) one more, its text
     lbctl.py SOCKET show                      one JSON object per server: state, admin state, check,
                                               sessions
 
@@ -24,6 +25,7 @@ import json
 import socket
 import sys
 import time
+import urllib.request
 
 
 def ask(path: str, command: str) -> str:
@@ -105,17 +107,18 @@ def show(path: str) -> int:
     return 0
 
 
-def tenants(path: str, table: str) -> int:
-    """One JSON object per tenant the door has seen: requests over the last 60 s, requests and tokens
-    since haproxy started."""
+def tenants(path: str, table: str, url: str | None) -> int:
+    """One JSON object per tenant the door has seen: requests over the last 60 s (the limit's
+    window); then the door's own counts of requests and tokens, as Prometheus reads them."""
     for line in ask(path, f"show table {table}").splitlines():
         if line.startswith("#") or " key=" not in line:
             continue
         fields = dict(f.split("=", 1) for f in line.split(": ", 1)[-1].split() if "=" in f)
         rate = next((v for k, v in fields.items() if k.startswith("http_req_rate")), "0")
-        tokens = next((v for k, v in fields.items() if k.startswith("gpt")), "0")
-        print(json.dumps({"tenant": fields["key"], "rate_60s": int(rate), "requests": int(fields.get(
-            "http_req_cnt", 0)), "tokens": int(tokens)}))
+        print(json.dumps({"tenant": fields["key"], "rate_60s": int(rate)}))
+    if url:
+        with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 (the door's own loopback URL)
+            print(json.dumps({"metrics": r.read().decode()}))
     return 0
 
 
@@ -129,8 +132,8 @@ def main(argv: list[str]) -> int:
         return ready(path, rest)
     if cmd == "show":
         return show(path)
-    if cmd == "tenants" and len(rest) == 1:
-        return tenants(path, rest[0])
+    if cmd == "tenants" and len(rest) in (1, 2):
+        return tenants(path, rest[0], rest[1] if len(rest) == 2 else None)
     sys.exit(__doc__)
 
 
