@@ -167,16 +167,20 @@ def test_an_unreachable_host_stops_the_rollout_naming_it(three_hosts):
 LB = "lab7"
 LB_URL = "http://10.77.7.2:8080"
 TENANT_KEYS = {var: f"{var.lower()}-{secrets.token_hex(12)}"
-               for var in ("TEAM_A_KEY", "TEAM_A_NEXT", "TEAM_B_KEY")}
+               for var in ("TEAM_A_KEY", "TEAM_A_NEXT", "TEAM_B_KEY", "TEAM_C_KEY")}
+TEAM_C_TOKENS = 60  # a few completions' worth
 os.environ.update(TENANT_KEYS)  # the controller's environment: every run below inherits it
 
 
 def door(team_a_keys: tuple[str, ...] = ("TEAM_A_KEY",)) -> dict:
     return {"port": 8080, "hosts": HOSTS, "check_interval_s": 1,
             "router": {"index_url": pypimirror.index_url()},
+            # the lab's Prometheus runs on the controller: the door's metrics on the lab network
+            "metrics": {"bind": "0.0.0.0"},
             "tenants": [{"name": "team-a", "key_envs": list(team_a_keys)},
                         {"name": "team-b", "key_envs": ["TEAM_B_KEY"], "models": ["tiny-b"],
-                         "requests_per_min": 4}]}
+                         "requests_per_min": 4},
+                        {"name": "team-c", "key_envs": ["TEAM_C_KEY"], "tokens_per_min": TEAM_C_TOKENS}]}
 
 
 BEHIND = {"lab1": {"flags": {"host": "0.0.0.0"}}, "lab2": {"flags": {"host": "0.0.0.0"}},
@@ -300,6 +304,97 @@ def test_key_rotation_and_revocation_reload_the_door_and_never_restart_vllm(bala
     assert deploy("deploys/lb.py", overrides=BEHIND, limit=LB).rc == 0  # back to the module's door
 
 
+def test_tenants_usage_reaches_prometheus_and_the_token_limit_holds(balanced, tmp_path):
+    from tests.hosts.test_prometheus import fleet, prometheus, series, wait_for
+
+    key = TENANT_KEYS["TEAM_C_KEY"]
+    unbounded = through("/v1/completions", key, {"model": "tiny-b", "prompt": "hi", "stream": True})
+    assert unbounded.status_code == 400 and "max_tokens" in unbounded.text, unbounded.text
+    streamed = through("/v1/completions", key, {"model": "tiny-b", "prompt": "hi", "stream": True,
+                                                 "max_tokens": 3})
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    used, codes = 3, []  # the stream is charged its max_tokens
+    for i in range(12):
+        r = through("/v1/completions", key, {"model": "tiny-llama", "prompt": f"count {i}", "max_tokens": 8})
+        codes.append(r.status_code)
+        if r.status_code != 200:
+            break
+        used += r.json()["usage"]["total_tokens"]
+    # refused once the last minute's tokens reached the limit, not before
+    assert codes[-1] == 429 and codes.count(200) >= 2 and used >= TEAM_C_TOKENS, (codes, used)
+    out = tmp_path / "targets.json"
+    proc = fleet("targets", INVENTORY, "--output", str(out), overrides=BEHIND)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doors = [g for g in json.loads(out.read_text()) if g["labels"]["host"] == LB]
+    assert {g["labels"]["endpoint"] for g in doors} == {"haproxy", "tenants"}, doors
+    with prometheus(tmp_path, out) as (client, log):
+        def tokens() -> float | None:
+            got = series(client, 'sum(vllm_fleet_door_tokens_total{tenant="team-c"})')
+            return float(got[0]["value"][1]) if got else None
+        seen = wait_for(lambda: tokens() == used, 60,
+                        lambda: f"team-c's tokens in Prometheus: {tokens()}, counted here {used}\n"
+                                f"{log.read_text()[-2000:]}")
+        assert seen
+        refused = series(client, 'vllm_fleet_door_requests_total{tenant="team-c",code="429"}')
+        assert refused and float(refused[0]["value"][1]) >= 1, refused
+        assert series(client, 'vllm_fleet_door_requests_total{tenant="team-c",code="400"}')
+        # haproxy's own exporter, beside: each instance's listener and its completion check
+        up = series(client, 'haproxy_server_status{proxy="lab1-default",server="lab1-default",state="UP"}')
+        assert up and up[0]["value"][1] == "1", up
+
+
+def test_a_hung_instance_leaves_rotation_within_the_bound(balanced):
+    """lab1's vLLM is frozen (SIGSTOP to its whole unit): its listener's completion check times out,
+    and the door serves the tiny model from lab2 alone until lab1 answers again."""
+    bound = lb_core.failure_bound_s(lb_core.LbSpec.model_validate(door()))
+    body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 1}
+    on("lab1", "systemctl kill -s SIGSTOP vllm-default")
+    try:
+        frozen = time.monotonic()
+        while (not lb_servers()["lab1-default/lab1-default"]["status"].startswith("DOWN")
+               and time.monotonic() - frozen < 60):
+            time.sleep(0.5)
+        out_after = time.monotonic() - frozen
+        print(f"hung lab1 out of rotation after {out_after:.1f} s (bound {bound} s)")
+        assert lb_servers()["lab1-default/lab1-default"]["status"].startswith("DOWN"), lb_servers()
+        assert out_after <= bound + 1, (out_after, bound)
+        key = TENANT_KEYS["TEAM_A_KEY"]
+        codes = [through("/v1/completions", key, {**body, "prompt": f"hi {i}"}).status_code for i in range(6)]
+        assert codes == [200] * 6, codes
+    finally:
+        on("lab1", "systemctl kill -s SIGCONT vllm-default")
+    for _ in range(30):
+        if lb_servers()["lab1-default/lab1-default"]["status"] == "UP":
+            break
+        time.sleep(1)
+    assert lb_servers()["lab1-default/lab1-default"]["status"] == "UP", lb_servers()
+
+
+def test_tls_and_the_body_limit_at_the_door(balanced, tmp_path):
+    big = {"model": "tiny-llama", "prompt": "x" * (1024 * 1024 + 1), "max_tokens": 1}
+    r = through("/v1/completions", TENANT_KEYS["TEAM_A_KEY"], big)
+    assert r.status_code == 413, r.text[:200]
+    # a certificate the door's host holds (the operator's to place there), named in the inventory
+    on(LB, "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=door "
+           "-addext subjectAltName=IP:10.77.7.2 -keyout /tmp/door.key -out /tmp/door.crt 2>/dev/null && "
+           "cat /tmp/door.crt /tmp/door.key > /etc/haproxy/door.pem && chmod 600 /etc/haproxy/door.pem")
+    ca = tmp_path / "door.crt"
+    ca.write_text(on(LB, "cat /tmp/door.crt"))
+    pem = "/etc/haproxy/door.pem"
+    tls = {**BEHIND, "__hostdata__": {LB: {"vllm_lb": {**door(), "tls_certificate": pem}}}}
+    try:
+        run = deploy("deploys/lb.py", overrides=tls, limit=LB)
+        assert run.rc == 0, run.output[-3000:]
+        with httpx.Client(base_url=LB_URL.replace("http:", "https:"), verify=str(ca), timeout=60) as c:
+            r = c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 1},
+                       headers={"Authorization": f"Bearer {TENANT_KEYS['TEAM_A_KEY']}"})
+        assert r.status_code == 200 and r.json()["model"] == "tiny-llama", r.text[:300]
+        with pytest.raises(httpx.TransportError):  # plain HTTP is no longer spoken on the port
+            through("/v1/models", TENANT_KEYS["TEAM_A_KEY"], method="GET")
+    finally:
+        assert deploy("deploys/lb.py", overrides=BEHIND, limit=LB).rc == 0  # back to the module's door
+
+
 def test_rollout_under_load_through_the_door_fails_no_request(balanced):
     load = Load(LB_URL, "tiny-llama", TENANT_KEYS["TEAM_A_KEY"], rate_per_s=4, max_s=600).start()
     time.sleep(8)
@@ -333,8 +428,12 @@ def test_status_shows_the_door_per_model_and_per_tenant(balanced):
     assert {(r[1], r[2]) for r in servers} == {(MODEL_OF[h], f"{h}-default/{h}-default") for h in HOSTS}, \
         proc.stdout[-2000:]
     assert all(r[3] == "UP" and r[4] == "ready" for r in servers), servers
-    tenants = {r[1]: r for r in rows if len(r) == 5}
-    assert set(tenants) == {"team-a", "team-b"} and int(tenants["team-a"][3]) > 0, proc.stdout[-2000:]
+    tenants = {r[1]: r for r in rows if r[1].startswith("team-")}
+    assert set(tenants) == {"team-a", "team-b", "team-c"}, proc.stdout[-2000:]
+    # DOOR TENANT REQUESTS/60S REQUESTS 4XX TOKENS TOKENS/60S, counted since haproxy's last reload:
+    # the rollout under load sent team-a's requests since
+    assert all(x.isdigit() for t in tenants.values() for x in t[2:]), proc.stdout[-2000:]
+    assert int(tenants["team-a"][3]) > 100 and int(tenants["team-a"][5]) > 100, proc.stdout[-2000:]
 
 
 def test_a_restart_lets_a_streaming_request_finish(balanced):

@@ -46,6 +46,10 @@ MODELS_ROUTE = "/v1/models"
 # routers' Prometheus endpoints, each block this wide.
 PORT_BLOCK = 1000
 ROUTER_PACKAGE = "vllm-router"
+# a listener's completion check: how long one may take, and how many failed in a row take the
+# instance out of rotation (failure_bound_s)
+CHECK_TIMEOUT_S = 10
+CHECK_FALL = 2
 TENANT_TABLE = "tenants"
 # The door's metrics endpoint: haproxy's own exporter, and the tenants' counts (door.lua)
 METRICS_PATH = "/metrics"
@@ -322,6 +326,12 @@ def _door_problems(lb_host: str, lb: LbSpec, names: list[str], servers: tuple[Se
         problems.append(f"{lb_host}: vllm_lb: {len(servers)} instances; one door fronts fewer than "
                         f"{PORT_BLOCK}")
     return problems
+
+
+def failure_bound_s(spec: LbSpec) -> int:
+    """The longest a hung or dead instance stays in rotation: each of CHECK_FALL checks starts at most
+    `check_interval_s` after the last one and fails at the latest when it times out."""
+    return CHECK_FALL * (spec.check_interval_s + CHECK_TIMEOUT_S)
 
 
 def check_body(served_name: str) -> str:

@@ -109,7 +109,8 @@ def haproxy_config(b: lb.Balancer, socket: str, maps: str) -> str:
     return _checked(environment().get_template("haproxy.cfg.j2").render(
         lb=b, socket=socket, maps=maps, bufsize=lb.buffer_size(b.spec), max_body=b.spec.max_body_kib * 1024,
         tenant_table=lb.TENANT_TABLE, models_route=lb.MODELS_ROUTE, check_body=lb.check_body,
-        metrics_path=lb.METRICS_PATH, tenant_metrics_path=lb.TENANT_METRICS_PATH),
+        metrics_path=lb.METRICS_PATH, tenant_metrics_path=lb.TENANT_METRICS_PATH,
+        check_timeout=lb.CHECK_TIMEOUT_S, check_fall=lb.CHECK_FALL),
         "haproxy.cfg")
 
 
