@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -173,7 +174,7 @@ os.environ.update(TENANT_KEYS)  # the controller's environment: every run below 
 
 
 def door(team_a_keys: tuple[str, ...] = ("TEAM_A_KEY",)) -> dict:
-    return {"port": 8080, "hosts": HOSTS, "check_interval_s": 1,
+    return {"port": 8080, "hosts": HOSTS, "check_interval_s": 1, "client_header_timeout_s": 2,
             "router": {"index_url": pypimirror.index_url()},
             # the lab's Prometheus runs on the controller: the door's metrics on the lab network
             "metrics": {"bind": "0.0.0.0"},
@@ -339,8 +340,10 @@ def test_tenants_usage_reaches_prometheus_and_the_token_limit_holds(balanced, tm
         assert refused and float(refused[0]["value"][1]) >= 1, refused
         assert series(client, 'vllm_fleet_door_requests_total{tenant="team-c",code="400"}')
         # haproxy's own exporter, beside: each instance's listener and its completion check
-        up = series(client, 'haproxy_server_status{proxy="lab1-default",server="lab1-default",state="UP"}')
-        assert up and up[0]["value"][1] == "1", up
+        query = 'haproxy_server_status{proxy="lab1-default",server="lab1-default",state="UP"}'
+        up = wait_for(lambda: series(client, query), 30,
+                      lambda: f"no {query}: {client.get('/api/v1/targets').text[-3000:]}")
+        assert up[0]["value"][1] == "1", up
 
 
 def test_a_hung_instance_leaves_rotation_within_the_bound(balanced):
@@ -359,8 +362,11 @@ def test_a_hung_instance_leaves_rotation_within_the_bound(balanced):
         assert lb_servers()["lab1-default/lab1-default"]["status"].startswith("DOWN"), lb_servers()
         assert out_after <= bound + 1, (out_after, bound)
         key = TENANT_KEYS["TEAM_A_KEY"]
-        codes = [through("/v1/completions", key, {**body, "prompt": f"hi {i}"}).status_code for i in range(6)]
-        assert codes == [200] * 6, codes
+        answers = [through("/v1/completions", key, {**body, "prompt": f"hi {i}"}) for i in range(6)]
+        assert [r.status_code for r in answers] == [200] * 6, (
+            [(r.status_code, r.text[:200]) for r in answers], lb_servers(),
+            on(LB, "python3 /usr/local/lib/vllm-fleet/lbctl.py /run/vllm-fleet-lb.sock show; "
+                   "journalctl --no-pager -o cat -n 40 -u 'vllm-fleet-router-*'"))
     finally:
         on("lab1", "systemctl kill -s SIGCONT vllm-default")
     for _ in range(30):
@@ -370,10 +376,17 @@ def test_a_hung_instance_leaves_rotation_within_the_bound(balanced):
     assert lb_servers()["lab1-default/lab1-default"]["status"] == "UP", lb_servers()
 
 
-def test_tls_and_the_body_limit_at_the_door(balanced, tmp_path):
+def test_tls_and_the_body_and_slow_client_limits_at_the_door(balanced, tmp_path):
     big = {"model": "tiny-llama", "prompt": "x" * (1024 * 1024 + 1), "max_tokens": 1}
     r = through("/v1/completions", TENANT_KEYS["TEAM_A_KEY"], big)
     assert r.status_code == 413, r.text[:200]
+    # a client that never finishes its header is answered 408 after client_header_timeout_s
+    with socket.create_connection(("10.77.7.2", 8080), timeout=30) as slow:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: door\r\n")
+        t0 = time.monotonic()
+        answer = slow.recv(4096)
+        waited = time.monotonic() - t0
+    assert answer.startswith(b"HTTP/1.1 408") and 1.5 < waited < 10, (answer[:100], waited)
     # a certificate the door's host holds (the operator's to place there), named in the inventory
     on(LB, "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=door "
            "-addext subjectAltName=IP:10.77.7.2 -keyout /tmp/door.key -out /tmp/door.crt 2>/dev/null && "

@@ -167,6 +167,9 @@ def test_each_model_gets_a_router_on_loopback_pointing_at_its_listeners():
     assert lb.router_unit(b.models[1]) == f"vllm-fleet-router-{lb.model_slug('tiny-b')}.service"
     cfg = render.haproxy_config(b, "/s", "/m")
     assert "server router 127.0.0.1:30001 check" in cfg
+    # vllm-router's /health is 503 while any one instance is unhealthy: the router's check is a connection
+    backend = cfg.split(f"backend model-{lb.model_slug('tiny-b')}", 1)[1].split("\n\n", 1)[0]
+    assert "httpchk" not in backend, backend
 
 
 def test_without_a_router_haproxy_balances_a_models_listeners_itself():
