@@ -221,6 +221,8 @@ def test_the_tenants_are_counted_by_the_doors_lua_and_every_refusal_is_counted_b
         assert answer.startswith(f"http-request return status {code} "), answer
         assert answer.rsplit(" if ", 1)[1] == lines[counted].split(" if ", 1)[1]
     assert "lua.vllm_fleet_tokens_over" in edge and "http-response lua.vllm_fleet_answered" in edge
+    # a stream is what vLLM's request model reads as one: its booleans are lax ("true", 1, "yes")
+    assert "acl streamed var(txn.stream) -m str -i 1 true t on y yes" in edge
     metrics = cfg.split("frontend metrics", 1)[1].split("\n\n", 1)[0]
     assert "bind 127.0.0.1:8405" in metrics
     assert "use-service prometheus-exporter if { path /metrics }" in metrics
