@@ -27,7 +27,7 @@ from vllm_fleet.core import lb as core
 from vllm_fleet.core import render
 from vllm_fleet.core.layout import HOST_TOOLS, SYSTEMD_DIR
 from vllm_fleet.core.spec import SpecError
-from vllm_fleet.roles import remote
+from vllm_fleet.roles import lease, remote
 from vllm_fleet.roles.hostplan import Refused, inventory_specs
 from vllm_fleet.roles.install import HOST_SRC
 from vllm_fleet.roles.ops import Secret, stale, synced_files
@@ -211,6 +211,9 @@ def deploy_vllm_balancer() -> None:
     if b is None:
         return
     remote.check_login()
+    # the vLLM hosts' own lease: two operators' door deploys meeting here never mix their staged sets
+    lease.take("door")
+    lease.confirm_op()
     problems = [f"{host.name}: vllm_lb: {ctl} is not set (or empty) on the controller; the instances' "
                 "checks need their key" for ctl, _ in b.key_vars if not os.environ.get(ctl)]
     problems += core.missing_tenant_keys(b, os.environ)

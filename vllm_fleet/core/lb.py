@@ -189,7 +189,13 @@ class Balancer:
         return {h: tuple(v) for h, v in by_host.items()}
 
     def listener_port(self, s: Server) -> int:
-        return self.port_base + PORT_BLOCK + self.servers.index(s)
+        return self.port_base + PORT_BLOCK + self._index[s.name]
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        """server name -> its place, made once: the config renders every listener's port, and each
+        router lists its model's, so a list search per port grows with the square of the fleet."""
+        return {s.name: i for i, s in enumerate(self.servers)}
 
     def router_port(self, m: Model) -> int:
         return self.port_base + m.index
