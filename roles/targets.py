@@ -1,4 +1,5 @@
-"""`vllm-fleet targets`: the Prometheus file_sd file, from each selected host's plan. Read-only.
+"""`vllm-fleet targets` (the Prometheus file_sd file) and `vllm-fleet dashboards` (Grafana dashboard and
+Prometheus rules), from each selected host's plan. Read-only.
 
 Each host is planned as the deploy plans it (facts, no secrets), since the release label depends on its
 facts. The file is written by one operation on the first vLLM host collected: pyinfra collects every
@@ -11,6 +12,7 @@ hide that host from Prometheus just when it should be reported down.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -22,7 +24,7 @@ from pyinfra.api.state import State
 from pyinfra.operations import python
 
 from vllm_fleet.controller.run import current
-from vllm_fleet.core import prometheus
+from vllm_fleet.core import observe, prometheus
 from vllm_fleet.core.plan import HostPlan
 from vllm_fleet.roles.facts import VllmHost
 from vllm_fleet.roles.hostplan import inventory_specs, plan_without_secrets, this_host
@@ -105,7 +107,74 @@ def _write(state: State, host: Host, path: str, plans: dict[str, tuple[HostPlan,
     return True
 
 
-def _fail(host: Host, summary: list[str], message: str) -> bool:
-    host.log_styled(f"targets: {message}", fg="red", log_func=logger.error)
-    summary.append(f"targets: {message}")
+def _fail(host: Host, summary: list[str], message: str, what: str = "targets") -> bool:
+    host.log_styled(f"{what}: {message}", fg="red", log_func=logger.error)
+    summary.append(f"{what}: {message}")
     return False
+
+
+DASHBOARDS_ENV = "VLLM_FLEET_DASHBOARDS"  # JSON: output directory and the Fleet's settings
+
+
+@deploy("vLLM dashboards and rules")
+def write_vllm_dashboards() -> None:
+    """The Grafana dashboard and the Prometheus recording and alert rules for the selected hosts, written
+    on the controller, atomically, once per run. Their metric names are those of every release the
+    hosts run or are to run (both, mid-rollout); changes nothing on the hosts.
+
+    Host data read: ``vllm``, ``vllm_defaults``, ``vllm_lb``. Environment: ``VLLM_FLEET_DASHBOARDS``
+    (JSON: ``output`` directory, ``job``, ``ttft_p99_target_s``, ``down_for``).
+
+    **Example:**
+
+    .. code:: python
+
+        from vllm_fleet import write_vllm_dashboards
+
+        write_vllm_dashboards()
+    """
+    if inventory_specs(check_secrets=False).get(host.name) is None:
+        return
+    run = current()
+    seen: dict[str, tuple[set[str], set[str]]] = run.rows.setdefault("dashboards", {})
+    summary = run.rows.setdefault("dashboards summary", [])
+    if run.at_end("dashboards", lambda: print("\n" + summary[0]) if summary else None):
+        python.call(name="write dashboards and rules", function=_write_dashboards, seen=seen, summary=summary)
+    spec = this_host(check_secrets=False)
+    assert spec is not None
+    plan = plan_without_secrets(spec)
+    running = host.get_fact(VllmHost)["current"]
+    releases = {r.split("-", 1)[0] for r in (running, plan.release) if r}
+    seen[host.name] = (releases, {i.served_name for i in plan.instances})
+
+
+def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], set[str]]],
+                      summary: list[str]) -> bool:
+    expected = {h.name for h in inventory if state.is_host_in_limit(h)
+                and h.name in inventory_specs(check_secrets=False)}
+    missing = sorted((expected - set(seen)) | {h.name for h in state.failed_hosts})
+    if missing:
+        return _fail(host, summary, f"dashboards not written: no plan for {', '.join(missing)} "
+                                    "(unreachable or failed, see above)", "dashboards")
+    settings = json.loads(os.environ.get(DASHBOARDS_ENV) or "{}")
+    out = Path(settings.pop("output", "."))
+    releases = sorted(set().union(*(r for r, _ in seen.values())), key=_version_key)
+    models = sorted(set().union(*(m for _, m in seen.values())))
+    doors = sorted(name for name in balancers() if state.is_host_in_limit(inventory.get_host(name)))
+    try:
+        fleet = observe.Fleet(releases=tuple(releases), models=tuple(models), doors=tuple(doors), **settings)
+        files = {observe.DASHBOARD_FILE: observe.dashboard_json(fleet),
+                 observe.RULES_FILE: observe.rules_yaml(fleet)}
+    except observe.ObserveError as e:
+        return _fail(host, summary, str(e), "dashboards")
+    try:
+        for name, text in files.items():
+            write_atomically(out / name, text)
+    except OSError as e:
+        return _fail(host, summary, f"not written: {e}", "dashboards")
+    summary.append(observe.summary(fleet, [str(out / n) for n in files]))
+    return True
+
+
+def _version_key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split(".") if p.isdigit())

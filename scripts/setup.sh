@@ -37,6 +37,18 @@ if ! command -v prometheus >/dev/null; then
     systemctl disable --now prometheus >/dev/null 2>&1 || true  # no systemd running: nothing started
   fi
 fi
+# Headless Chromium (Debian's package): the lab tests open the dashboard preview and the tune report as
+# a person would, screenshot them and check the picture.
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: note: the lab tests need chromium; as root run:" \
+         "apt-get install -y --no-install-recommends chromium fonts-dejavu-core" >&2
+  else
+    echo "setup: apt-get install chromium"
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+      || { echo "setup: installing chromium failed" >&2; exit 1; }
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -52,9 +53,10 @@ def _free_port() -> int:
 
 
 @contextmanager
-def prometheus(tmp: Path, targets_file: Path) -> Iterator[tuple[httpx.Client, Path]]:
+def prometheus(tmp: Path, targets_file: Path,
+               rules: Path | None = None) -> Iterator[tuple[httpx.Client, Path]]:
     """Our own Prometheus process (never the package's service): 1 s scrapes of the file_sd file's
-    targets, its data and log under `tmp`, killed on the way out."""
+    targets (and 1 s evaluations of `rules`), its data and log under `tmp`, killed on the way out."""
     if not Path(PROMETHEUS).exists():
         pytest.fail(f"{PROMETHEUS} is missing: scripts/setup.sh installs it as root (make test does), or "
                     "apt-get install -y --no-install-recommends prometheus")
@@ -62,6 +64,7 @@ def prometheus(tmp: Path, targets_file: Path) -> Iterator[tuple[httpx.Client, Pa
     config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "vllm", "file_sd_configs": [{"files": [str(targets_file)]}]}],
+        **({"rule_files": [str(rules)]} if rules else {}),
     }))
     log = tmp / "prometheus.log"
     port = _free_port()
@@ -172,3 +175,95 @@ def test_logs_show_the_running_instances_start_up(network_bound):
     said = unknown.stdout + unknown.stderr
     assert unknown.returncode != 0
     assert "no instance 'nope' on " in said and "lab1: default" in said and "lab2: default" in said, said
+
+
+DOWN_FOR_S = 5
+
+
+def test_dashboards_every_panel_and_rule_returns_series_and_the_down_alert_fires(network_bound, tmp_path):
+    """`vllm-fleet dashboards` for lab1 (vLLM 0.32.0, CPU build): the real Prometheus loads its rules,
+    every panel query and every alert's compared expression returns series from lab1's real vLLM, the
+    preview draws every panel (opened in headless Chromium and screenshot), and a stopped instance fires
+    VllmInstanceDown once its `for:` has passed. Last in this module: lab1 is stopped at the end and the
+    fixture's own redeploy starts it again."""
+    from tests import browser
+    from vllm_fleet.core import observe
+
+    out = tmp_path / "dash"
+    out.mkdir()
+    made = fleet("dashboards", INVENTORY, "--limit", "lab1", "--output", str(out), "--down-for",
+                 f"{DOWN_FOR_S}s", overrides=BOUND)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    line = next(x for x in made.stdout.splitlines() if x.startswith("dashboards: "))
+    assert "vLLM 0.32.0" in line and "models tiny-llama" in line, line
+    model = json.loads((out / observe.DASHBOARD_FILE).read_text())
+    rules = out / observe.RULES_FILE
+    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    targets = tmp_path / "vllm.json"
+    assert fleet("targets", INVENTORY, "--output", str(targets), overrides=BOUND).returncode == 0
+    key = os.environ["VLLM_API_KEY"]
+    url = f"http://{lab.LabHost(1).address}:8000/v1/completions"
+
+    with prometheus(tmp_path, targets, rules) as (client, log):
+        wait_for(lambda: scraped_target(client, "lab1"), 60,
+                 lambda: f"lab1 never up: {client.get('/api/v1/targets').text[-3000:]}\n"
+                         f"{log.read_text()[-2000:]}")
+        with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {key}"}) as api:
+            # the same prompt again: prefix-cache hits; several tokens: inter-token latency
+            for i in range(8):
+                r = api.post(url, json={"model": "tiny-llama", "prompt": "the fleet " * 8, "max_tokens": 8,
+                                        "stream": i % 2 == 0})
+                assert r.status_code == 200, r.text[:300]
+                time.sleep(0.5)
+
+        queries = [(p["title"], t["expr"]) for p in model["panels"] for t in p["targets"]]
+        queries += [(f"alert {a['alert']}", a["expr"].rsplit(" ", 2)[0])
+                    for g in yaml.safe_load(rules.read_text())["groups"] for a in g["rules"] if "alert" in a]
+        for title, expr in queries:
+            concrete = observe.concrete(expr)
+            wait_for(lambda e=concrete: series(client, e), 60,
+                     lambda t=title, e=concrete: f"{t}: no series for {e}")
+        groups = client.get("/api/v1/rules").json()["data"]["groups"]
+        evaluated = [r for g in groups for r in g["rules"]]
+        assert len(evaluated) == 11 and all(r["health"] == "ok" for r in evaluated), evaluated
+
+        # the preview: every panel drawn from this Prometheus, opened in Chromium as a person would
+        page = tmp_path / "dashboard.html"
+        drawn = subprocess.run([VLLM_FLEET, "preview", str(out / observe.DASHBOARD_FILE), "--prometheus",
+                                str(client.base_url).rstrip("/"), "--minutes", "2", "--output", str(page),
+                                "--strict"], capture_output=True, text=True, timeout=120)
+        assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+        assert f"{len(model['panels'])} panels (0 without data)" in drawn.stdout, drawn.stdout
+        built = browser.dom(page)
+        for p in model["panels"]:
+            assert f'data-title="{p["title"]}"' in built, p["title"]
+        assert 'class="nodata"' not in built
+        png = browser.screenshot(page, tmp_path / "dashboard.png", 1000, 1500)
+        stroke = re.search(r'class="series"[^>]*stroke="(#[0-9a-fA-F]{6})"|'
+                           r'stroke="(#[0-9a-fA-F]{6})"[^>]*class="series"', built)
+        assert stroke, built[:3000]
+        colour = stroke.group(1) or stroke.group(2)
+        rgb = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+        assert browser.colour_pixels(png, rgb) > 500, f"no {colour} line in the screenshot {png}"
+        artifacts = os.environ.get("VLLM_FLEET_ARTIFACTS")
+        if artifacts:
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            (Path(artifacts) / "dashboard.png").write_bytes(png.read_bytes())
+
+        # a stopped instance: the down alert fires once `for:` has passed
+        on("lab1", "systemctl stop vllm-default")
+        stopped = time.monotonic()
+
+        def firing() -> list[dict]:
+            alerts = client.get("/api/v1/alerts").json()["data"]["alerts"]
+            return [a for a in alerts if a["labels"].get("alertname") == "VllmInstanceDown"
+                    and a["labels"].get("host") == "lab1" and a["state"] == "firing"]
+
+        fired = wait_for(firing, 60,
+                         lambda: f"VllmInstanceDown never fired: {client.get('/api/v1/alerts').text}")
+        after = time.monotonic() - stopped
+        print(f"VllmInstanceDown fired {after:.1f} s after the stop (for: {DOWN_FOR_S}s)")
+        assert fired[0]["labels"]["severity"] == "critical"
+        # for: plus a failed scrape (1 s timeout), one evaluation (1 s) and this loop's poll
+        assert DOWN_FOR_S <= after <= DOWN_FOR_S + 5, after

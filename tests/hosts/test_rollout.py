@@ -23,6 +23,7 @@ from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, on, unit_prop
 from tests.hosts.inventory import HOSTS_ENV
 from vllm_fleet.controller.load import Load, summary
 from vllm_fleet.core import lb as lb_core
+from vllm_fleet.core import observe
 from vllm_fleet.core.spec import deep_merge
 
 HOSTS = ["lab1", "lab2", "lab3"]
@@ -349,6 +350,19 @@ def test_tenants_usage_reaches_prometheus_and_the_token_limit_holds(balanced, tm
         up = wait_for(lambda: series(client, query), 30,
                       lambda: f"no {query}: {client.get('/api/v1/targets').text[-3000:]}")
         assert up[0]["value"][1] == "1", up
+        # the generated dashboard's door panels, each query run against this Prometheus: none empty
+        dash = tmp_path / "dash"
+        dash.mkdir()
+        made = fleet("dashboards", INVENTORY, "--output", str(dash), overrides=BEHIND)
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+        panels = json.loads((dash / observe.DASHBOARD_FILE).read_text())["panels"]
+        door_panels = [p for p in panels if p["title"].startswith("Door:")]
+        assert len(door_panels) == 4, [p["title"] for p in panels]
+        for p in door_panels:
+            for t in p["targets"]:
+                expr = observe.concrete(t["expr"])
+                wait_for(lambda e=expr: series(client, e), 30,
+                         lambda e=expr, p=p: f"{p['title']}: no series for {e}")
 
 
 def test_a_hung_instance_leaves_rotation_within_the_bound(balanced):
