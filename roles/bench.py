@@ -55,6 +55,11 @@ def client_command(plan: HostPlan, inst: InstancePlan, port: int, s: benchmark.B
                    address: str = "127.0.0.1") -> str:
     """One `vllm bench serve` run as a transient unit, output piped back; the key only in its env."""
     args = benchmark.bench_args(s, f"http://{address}:{port}", inst.served_name, inst.model_dir)
+    return bench_command(plan, inst, args)
+
+
+def bench_command(plan: HostPlan, inst: InstancePlan, args: list[str]) -> str:
+    """`vllm <args>` as a transient unit with the instance's environment, output piped back."""
     inner = ('OPENAI_API_KEY="$VLLM_API_KEY"; export OPENAI_API_KEY; unset VLLM_API_KEY; exec '
              + shlex.join([f"{plan.release_dir}/bin/vllm", *args]))
     return shlex.join(["systemd-run", "--quiet", "--pipe", "--wait", "--collect",
@@ -62,17 +67,20 @@ def client_command(plan: HostPlan, inst: InstancePlan, port: int, s: benchmark.B
                        "-p", f"WorkingDirectory={STATE_DIR}", *_env_props(inst), "/bin/sh", "-c", inner])
 
 
-def trial_script(plan: HostPlan, inst: InstancePlan, trial: benchmark.Trial, port: int,
-                 s: benchmark.BenchSettings) -> str:
-    """Start a trial server, wait for /health (or its death), bench it, read its preemption counter,
-    stop it. The trap stops it whatever happens, so a failed trial leaves nothing running."""
+def trial_script(plan: HostPlan, inst: InstancePlan, flags: list[str], port: int, client: str) -> str:
+    """Start a trial server with `flags` over the instance's config, wait for /health (or its death), run
+    `client` against it, read its preemption counter, stop it. The trap stops it whatever happens, so a
+    failed trial leaves nothing running."""
     unit = f"vllm-bench-trial-{inst.name}"
     serve = [f"{plan.release_dir}/bin/vllm", "serve", "--config", inst.config_path, "--host", "127.0.0.1",
-             "--port", str(port), *trial.flags()]
+             "--port", str(port), *flags]
     # the serving unit's own sandbox (rendered from it): a trial runs the same release on the same files
     sandbox = [a for prop in render.sandbox_properties(plan, inst) for a in ("-p", prop)]
+    # stopped as the serving unit is (KillMode=mixed): SIGTERM to the API server, which stops its engine;
+    # with the default KillMode the engine gets a second SIGTERM and sits out --shutdown-timeout
     start = shlex.join(["systemd-run", "--quiet", "--collect", f"--unit={unit}", "-p", "User=vllm",
-                        "-p", "Group=vllm", "-p", f"WorkingDirectory={STATE_DIR}", *sandbox,
+                        "-p", "Group=vllm", "-p", f"WorkingDirectory={STATE_DIR}", "-p", "KillMode=mixed",
+                        *sandbox,
                         *_env_props(inst), *serve])
     return "\n".join([
         f"systemctl stop {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null",
@@ -85,13 +93,13 @@ def trial_script(plan: HostPlan, inst: InstancePlan, trial: benchmark.Trial, por
         "  sleep 2",
         "done",
         "echo '## bench'",
-        client_command(plan, inst, port, s) + " 2>&1",
+        client + " 2>&1",
         "echo '## metrics'",
         f"{metrics_command(inst, port)} | grep '^vllm:num_preemptions' || true",
     ])
 
 
-def _sections(text: str) -> dict[str, str]:
+def sections(text: str) -> dict[str, str]:
     out: dict[str, list[str]] = {"": []}
     key = ""
     for line in text.splitlines():
@@ -103,12 +111,12 @@ def _sections(text: str) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in out.items()}
 
 
-def _address(inst: InstancePlan) -> str:
+def address(inst: InstancePlan) -> str:
     """Where the local server answers: loopback unless it is bound to one specific address."""
     return "127.0.0.1" if inst.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else inst.host
 
 
-def _main_pid(unit: str) -> str:
+def main_pid(unit: str) -> str:
     ok, out = remote.run(f"systemctl show -p MainPID --value {unit}")
     return out.stdout.strip() if ok else "?"
 
@@ -120,8 +128,8 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
             notes.append(f"{host.name}/{inst.name}: a headless node of cluster {inst.node.cluster}, "
                          "benched through its head")
             continue
-        pid_before = _main_pid(inst.unit)
-        ok, out = remote.run(client_command(plan, inst, inst.port, s, _address(inst)) + " 2>&1")
+        pid_before = main_pid(inst.unit)
+        ok, out = remote.run(client_command(plan, inst, inst.port, s, address(inst)) + " 2>&1")
         try:
             result = benchmark.parse(out.output)
             note = "" if result.ok else "requests failed"
@@ -140,8 +148,10 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
             trials = []
         outcomes = []
         for trial in trials:
-            _, out = remote.run(trial_script(plan, inst, trial, s.trial_port + n, s))
-            parts = _sections(out.output)
+            port = s.trial_port + n
+            client = client_command(plan, inst, port, s)
+            _, out = remote.run(trial_script(plan, inst, trial.flags(), port, client))
+            parts = sections(out.output)
             if "bench" not in parts:
                 err = "did not start" if "died" in parts else "not ready in time"
                 why = parts.get("died", out.output)[-1500:]
@@ -157,7 +167,7 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
             o = outcomes[-1]
             rows.append(benchmark.row(host.name, inst.name, f"trial max-num-batched-tokens {trial.label}",
                                        o.result, o.note))
-        pid_after = _main_pid(inst.unit)
+        pid_after = main_pid(inst.unit)
         notes.append(f"{host.name}/{inst.name}: {inst.unit} MainPID {pid_before} before, {pid_after} after: "
                       + ("untouched" if pid_before == pid_after else "CHANGED"))
         if trials:

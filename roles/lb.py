@@ -102,21 +102,27 @@ def _lbctl(b: core.Balancer, *args: str) -> dict:
     return found
 
 
-def drain() -> None:
-    """Drain this host's servers everywhere and wait until their sessions end (or the bound passes:
-    then the restart goes ahead and vLLM's own --shutdown-timeout finishes what is still in flight)."""
+def drain(instance: str | None = None) -> None:
+    """Drain this host's servers (or one instance's) everywhere and wait until their sessions end (or the
+    bound passes: then the restart goes ahead and vLLM's own --shutdown-timeout finishes what is still
+    in flight)."""
     for b, servers in fronting(host.name):
-        names = [s.listener for s in servers]
+        names = [s.listener for s in servers if instance in (None, s.instance)]
+        if not names:
+            continue
         waited = _lbctl(b, "drain", str(b.spec.drain_timeout_s), *names)
         if waited["drained"]:
             logger.info(f"[{host.name}] drained in {b.host} after {waited['waited_s']} s"
                         + (f"; still busy after the bound: {waited['busy']}" if waited["busy"] else ""))
 
 
-def ready() -> None:
+def ready(instance: str | None = None) -> None:
     """After a passing smoke test: back in rotation (also a host a failed change left drained)."""
     for b, servers in fronting(host.name):
-        done = _lbctl(b, "ready", *[s.listener for s in servers])
+        names = [s.listener for s in servers if instance in (None, s.instance)]
+        if not names:
+            continue
+        done = _lbctl(b, "ready", *names)
         if done["ready"]:
             logger.info(f"[{host.name}] ready in {b.host}")
 

@@ -33,6 +33,8 @@ _DEPLOYS = {
     "rollback_vllm": ("vllm_fleet.roles.rollback", "rollback_vllm"),
     "tail_vllm_logs": ("vllm_fleet.roles.logs", "tail_vllm_logs"),
     "write_vllm_targets": ("vllm_fleet.roles.targets", "write_vllm_targets"),
+    "write_vllm_dashboards": ("vllm_fleet.roles.targets", "write_vllm_dashboards"),
+    "tune_vllm": ("vllm_fleet.roles.tune", "tune_vllm"),
     "bench_vllm": ("vllm_fleet.roles.bench", "bench_vllm"),
     "deploy_vllm_balancer": ("vllm_fleet.roles.lb", "deploy_vllm_balancer"),
 }
@@ -47,6 +49,8 @@ __all__ = [
     "rollback_vllm",
     "stage_vllm",
     "tail_vllm_logs",
+    "tune_vllm",
+    "write_vllm_dashboards",
     "write_vllm_targets",
 ]
 
@@ -55,7 +59,8 @@ if TYPE_CHECKING:
     from vllm_fleet.roles.lb import deploy_vllm_balancer
     from vllm_fleet.roles.logs import tail_vllm_logs
     from vllm_fleet.roles.rollback import rollback_vllm
-    from vllm_fleet.roles.targets import write_vllm_targets
+    from vllm_fleet.roles.targets import write_vllm_dashboards, write_vllm_targets
+    from vllm_fleet.roles.tune import tune_vllm
     from vllm_fleet.roles.vllm import check_vllm, deploy_vllm, plan_vllm, stage_vllm
 
 

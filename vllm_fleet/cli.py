@@ -132,6 +132,68 @@ def _targets(args: argparse.Namespace) -> int:
     return _pyinfra(args.inventory, "vllm_fleet.roles.targets.write_vllm_targets", args.limit)
 
 
+def _dashboards(args: argparse.Namespace) -> int:
+    import json
+    import os
+    from pathlib import Path
+
+    from vllm_fleet.roles.targets import DASHBOARDS_ENV
+
+    out = Path(args.output).resolve()
+    if not out.is_dir():
+        print(f"dashboards: {out} is not a directory", file=sys.stderr)
+        return 2
+    os.environ[DASHBOARDS_ENV] = json.dumps({"output": str(out), "job": args.job, "down_for": args.down_for,
+                                             "ttft_p99_target_s": args.ttft_p99_target})
+    return _pyinfra(args.inventory, "vllm_fleet.roles.targets.write_vllm_dashboards", args.limit)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import json
+    import os
+    from pathlib import Path
+
+    from vllm_fleet.core import tune
+    from vllm_fleet.roles.tune import TUNE_ENV
+
+    out = Path(args.output).resolve()
+    workload = {"input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
+                "request_rate": args.request_rate, "max_concurrency": args.max_concurrency}
+    try:  # checked here too, so a typo costs no SSH connection
+        tune.parse_grid(args.grid)
+        tune.Workload(**workload)
+        if args.latency not in tune.LATENCY_METRICS:
+            raise tune.TuneError(f"--latency: {args.latency!r} is not one of "
+                                 f"{', '.join(tune.LATENCY_METRICS)}")
+    except tune.TuneError as e:
+        print(f"tune: {e}", file=sys.stderr)
+        return 2
+    if not out.is_dir():
+        print(f"tune: {out} is not a directory", file=sys.stderr)
+        return 2
+    os.environ[TUNE_ENV] = json.dumps({
+        "host": args.host, "instance": args.instance, "grid": args.grid, "workload": workload,
+        "latency": args.latency, "target_ms": args.target_ms, "output": str(out),
+        "trial_port": args.trial_port})
+    return _pyinfra(args.inventory, "vllm_fleet.roles.tune.tune_vllm", args.host)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vllm_fleet.controller import preview
+
+    try:
+        page = preview.page(Path(args.dashboard), args.prometheus, args.minutes)
+    except (OSError, ValueError, preview.PreviewError) as e:
+        print(f"preview: {e}", file=sys.stderr)
+        return 1
+    Path(args.output).write_text(page.html)
+    print(f"preview: {page.panels} panels ({page.empty} without data) from {args.prometheus} written to "
+          f"{args.output}")
+    return 1 if page.empty and args.strict else 0
+
+
 def _logs(args: argparse.Namespace) -> int:
     import os
 
@@ -258,6 +320,47 @@ def _commands(sub) -> None:
     tg.add_argument("--output", default=DEFAULT_OUTPUT,
                     help=f"file_sd JSON file, replaced atomically (default ./{DEFAULT_OUTPUT})")
     tg.set_defaults(func=_targets)
+
+    db = sub.add_parser("dashboards", help="Grafana dashboard and Prometheus rules for the fleet's releases "
+                                           "(read only)")
+    db.add_argument("inventory")
+    db.add_argument("--limit", help=LIMIT_HELP)
+    db.add_argument("--output", default=".", help="directory for vllm-fleet-dashboard.json and "
+                                                  "vllm-fleet-rules.yml (default .)")
+    db.add_argument("--job", default="vllm", help="Prometheus job scraping the targets file (default vllm)")
+    db.add_argument("--ttft-p99-target", type=float, default=2.0, metavar="SECONDS",
+                    help="VllmTtftP99High fires above this (default 2)")
+    db.add_argument("--down-for", default="1m", help="VllmInstanceDown's `for:` (default 1m)")
+    db.set_defaults(func=_dashboards)
+
+    tu = sub.add_parser("tune", help="benchmark one instance over a grid of knobs (drained, stopped, "
+                                     "restored) and write a report with a recommendation")
+    tu.add_argument("inventory")
+    tu.add_argument("--host", required=True, help="the canary host (one)")
+    tu.add_argument("--instance", default="default", help="its instance (default: default)")
+    tu.add_argument("--grid", action="append", required=True, metavar="KNOB=V1,V2,...",
+                    help="e.g. max_num_batched_tokens=512,1024 (repeat for each knob; the points are "
+                         "every combination, plus the inventory's own values)")
+    tu.add_argument("--input-len", type=_positive, default=32, help="prompt tokens per request (default 32)")
+    tu.add_argument("--output-len", type=_positive, default=16, help="output tokens per request (default 16)")
+    tu.add_argument("--num-prompts", type=_positive, default=32, help="requests per point (default 32)")
+    tu.add_argument("--request-rate", type=float, help="requests/s (default: all at once)")
+    tu.add_argument("--max-concurrency", type=_positive, help="requests in flight at most (default: no cap)")
+    tu.add_argument("--latency", default="p99_ttft_ms", help="the latency the target is on (default "
+                                                            "p99_ttft_ms)")
+    tu.add_argument("--target-ms", type=float, help="recommend only points at or under this latency")
+    tu.add_argument("--trial-port", type=_positive, default=18000, help="the trial servers' loopback port")
+    tu.add_argument("--output", default=".", help="directory for tune-report.html and tune-report.json")
+    tu.set_defaults(func=_tune)
+
+    pv = sub.add_parser("preview", help="the dashboard's panels drawn from a Prometheus, as one HTML page "
+                                        "(where no Grafana is at hand)")
+    pv.add_argument("dashboard", help="vllm-fleet-dashboard.json")
+    pv.add_argument("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+    pv.add_argument("--minutes", type=_positive, default=15, help="time range drawn (default 15)")
+    pv.add_argument("--output", default="vllm-fleet-dashboard.html")
+    pv.add_argument("--strict", action="store_true", help="exit 1 when a panel has no data")
+    pv.set_defaults(func=_preview)
 
     lg = sub.add_parser("logs", help="per host and instance: the journal's last lines (read only)")
     lg.add_argument("inventory")

@@ -20,7 +20,7 @@ import pytest
 from tests.unit.test_render import M, make_plan
 from vllm_fleet.core import render
 from vllm_fleet.core.benchmark import BenchSettings, Trial
-from vllm_fleet.roles.bench import trial_script
+from vllm_fleet.roles.bench import client_command, trial_script
 
 DATA = {"model": M, "api_key_env": "FLEET_KEY"}
 
@@ -67,12 +67,13 @@ def test_device_rules_follow_the_variant():
 def test_trial_server_runs_with_every_property(kind):
     p = plans()[kind]
     inst = p.instances[0]
-    start = next(line for line in trial_script(p, inst, Trial(1024), 18000, BenchSettings()).splitlines()
+    start = next(line for line in trial_script(p, inst, Trial(1024).flags(), 18000,
+                                                 client_command(p, inst, 18000, BenchSettings())).splitlines()
                  if line.startswith("systemd-run") and "vllm-bench-trial" in line)
     argv = shlex.split(start)
     given = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
-    assert given[:3] == ["User=vllm", "Group=vllm", "WorkingDirectory=/var/lib/vllm"]
-    assert given[3:-2] == render.sandbox_properties(p, inst)
+    assert given[:4] == ["User=vllm", "Group=vllm", "WorkingDirectory=/var/lib/vllm", "KillMode=mixed"]
+    assert given[4:-2] == render.sandbox_properties(p, inst)
     assert given[-2:] == [f"EnvironmentFile={inst.environment_path}", f"EnvironmentFile={inst.env_path}"]
     assert argv[argv.index("serve") - 1].endswith("/bin/vllm")
 

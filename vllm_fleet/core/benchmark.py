@@ -127,8 +127,14 @@ def settings(data: Mapping[str, object] | None, environ: Mapping[str, str]) -> B
 def bench_args(s: BenchSettings, base_url: str, served_name: str, tokenizer: str) -> list[str]:
     """`vllm bench serve` arguments; the key is never one of them (it reads OPENAI_API_KEY)."""
     return ["bench", "serve", "--backend", "openai", "--base-url", base_url, "--model", served_name,
-            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(s.input_len),
-            "--random-output-len", str(s.output_len), "--num-prompts", str(s.num_prompts), "--seed", "0"]
+            "--tokenizer", tokenizer, *dataset_args(s.input_len, s.output_len, s.num_prompts)]
+
+
+def dataset_args(input_len: int, output_len: int, num_prompts: int) -> list[str]:
+    """The prompts' part, shared with `vllm-fleet tune` (core/tune.py): random tokens of fixed lengths,
+    seed 0, so two runs (and two settings) see the same requests."""
+    return ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len",
+            str(output_len), "--num-prompts", str(num_prompts), "--seed", "0"]
 
 
 @dataclass(frozen=True)
