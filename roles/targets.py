@@ -88,9 +88,7 @@ def write_atomically(path: Path, text: str) -> None:
 def _write(state: State, host: Host, path: str, plans: dict[str, tuple[HostPlan, str]],
            summary: list[str]) -> bool:
     """pyinfra passes (state, host) to a callback that takes them; False fails the host, no traceback."""
-    expected = {h.name for h in inventory if state.is_host_in_limit(h)
-                and h.name in inventory_specs(check_secrets=False)}
-    missing = sorted((expected - set(plans)) | {h.name for h in state.failed_hosts})
+    missing = _unplanned(state, plans)
     if missing:
         return _fail(host, summary, f"{path} not written (left as it was): no plan for {', '.join(missing)} "
                                     "(unreachable or failed, see above)")
@@ -105,6 +103,13 @@ def _write(state: State, host: Host, path: str, plans: dict[str, tuple[HostPlan,
         return _fail(host, summary, f"{path} not written: {e}")
     summary.append(prometheus.summary(groups, left_out, path))
     return True
+
+
+def _unplanned(state: State, planned: dict) -> list[str]:
+    """The selected vLLM hosts without a plan in this run (unreachable, or failed while collecting)."""
+    expected = {h.name for h in inventory if state.is_host_in_limit(h)
+                and h.name in inventory_specs(check_secrets=False)}
+    return sorted((expected - set(planned)) | {h.name for h in state.failed_hosts})
 
 
 def _fail(host: Host, summary: list[str], message: str, what: str = "targets") -> bool:
@@ -150,9 +155,7 @@ def write_vllm_dashboards() -> None:
 
 def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], set[str]]],
                       summary: list[str]) -> bool:
-    expected = {h.name for h in inventory if state.is_host_in_limit(h)
-                and h.name in inventory_specs(check_secrets=False)}
-    missing = sorted((expected - set(seen)) | {h.name for h in state.failed_hosts})
+    missing = _unplanned(state, seen)
     if missing:
         return _fail(host, summary, f"dashboards not written: no plan for {', '.join(missing)} "
                                     "(unreachable or failed, see above)", "dashboards")

@@ -90,6 +90,8 @@ def _run(state: State, host: Host, plan: HostPlan, inst: InstancePlan, points: l
     record["started"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     t0 = time.monotonic()
     record["pid_before"], record["files_before"] = main_pid(inst.unit), _fingerprint(inst)
+    # restored to what it was: an instance someone had stopped is not started by a tune
+    was_active, _ = remote.run(f"systemctl is-active -q {inst.unit}")
     lb.drain(inst.name)
     stopped, _ = remote.run(f"systemctl stop {inst.unit}")
     outcomes: list[tune.Outcome] = record["outcomes"]
@@ -101,7 +103,7 @@ def _run(state: State, host: Host, plan: HostPlan, inst: InstancePlan, points: l
             outcomes.append(_trial(plan, inst, point, workload, port))
             print(tune.progress_line(i, len(points), outcomes[-1], latency), flush=True)
     finally:
-        why = _restart_back(plan, inst)
+        why = _restart_back(plan, inst) if was_active else ""
         record["wall_s"] = time.monotonic() - t0
         record["pid_after"], record["files_after"] = main_pid(inst.unit), _fingerprint(inst)
         if why:
@@ -112,7 +114,8 @@ def _run(state: State, host: Host, plan: HostPlan, inst: InstancePlan, points: l
     if record["files_after"] != record["files_before"]:
         record["error"] = "the instance's files changed during the run"
         return False
-    lb.ready(inst.name)
+    if was_active:
+        lb.ready(inst.name)
     return True
 
 
@@ -143,9 +146,10 @@ def _report(settings: dict, plan: HostPlan, inst: InstancePlan, workload: tune.W
     if diff:
         print(diff)
     same = record.get("files_after") == record.get("files_before")
-    print(f"tune: {inst.unit} restarted back (MainPID {record.get('pid_before')} -> "
-          f"{record.get('pid_after')}), "
-          f"its files {'unchanged' if same else 'CHANGED'}; {len(outcomes)} points in "
+    back = ("left stopped, as it was" if record.get("pid_before") == "0" else
+            f"restarted back (MainPID {record.get('pid_before')} -> {record.get('pid_after')})")
+    print(f"tune: {inst.unit} {back}, its files {'unchanged' if same else 'CHANGED'}; "
+          f"{len(outcomes)} points in "
           f"{record.get('wall_s', 0):.0f} s; report {out / REPORT_HTML}")
 
 

@@ -86,6 +86,8 @@ def test_tune_four_points_restores_the_instance_and_the_report_shows_the_recomme
     # one progress line per trial, in order
     progress = re.findall(r"^tune (\d)/4 ", run.stdout, re.M)
     assert progress == ["1", "2", "3", "4"], out[-3000:]
+    back = r"vllm-default.service restarted back \(MainPID \d+ -> \d+\), its files unchanged; 4 points"
+    assert re.search(back, run.stdout), out[-3000:]
 
     # the instance: restarted back from the very same files, serving, its unit's sandbox unchanged
     after = unit_props("lab1")
