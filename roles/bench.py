@@ -67,11 +67,18 @@ def bench_command(plan: HostPlan, inst: InstancePlan, args: list[str]) -> str:
                        "-p", f"WorkingDirectory={STATE_DIR}", *_env_props(inst), "/bin/sh", "-c", inner])
 
 
-def trial_script(plan: HostPlan, inst: InstancePlan, flags: list[str], port: int, client: str) -> str:
+# a trial server is stopped after its bench; one that outlives this (a controller gone mid-trial) is not
+TRIAL_MAX_S = 3600
+
+
+def trial_script(plan: HostPlan, inst: InstancePlan, flags: list[str], port: int, client: str,
+                 kind: str = "bench") -> str:
     """Start a trial server with `flags` over the instance's config, wait for /health (or its death), run
-    `client` against it, read its preemption counter, stop it. The trap stops it whatever happens, so a
-    failed trial leaves nothing running."""
-    unit = f"vllm-bench-trial-{inst.name}"
+    `client` against it, read its preemption counter, stop it. The traps stop it whatever ends the shell
+    (a signal included), RuntimeMaxSec if the shell itself is gone, so a failed trial leaves nothing
+    running. A port something else already listens on is refused: its /health would answer for the trial
+    server and the bench would measure the wrong one."""
+    unit = f"vllm-{kind}-trial-{inst.name}"
     serve = [f"{plan.release_dir}/bin/vllm", "serve", "--config", inst.config_path, "--host", "127.0.0.1",
              "--port", str(port), *flags]
     # the serving unit's own sandbox (rendered from it): a trial runs the same release on the same files
@@ -80,11 +87,14 @@ def trial_script(plan: HostPlan, inst: InstancePlan, flags: list[str], port: int
     # with the default KillMode the engine gets a second SIGTERM and sits out --shutdown-timeout
     start = shlex.join(["systemd-run", "--quiet", "--collect", f"--unit={unit}", "-p", "User=vllm",
                         "-p", "Group=vllm", "-p", f"WorkingDirectory={STATE_DIR}", "-p", "KillMode=mixed",
-                        *sandbox,
+                        "-p", f"RuntimeMaxSec={TRIAL_MAX_S + plan.ready_timeout_s}", *sandbox,
                         *_env_props(inst), *serve])
     return "\n".join([
         f"systemctl stop {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null",
+        f"if ss -Hltn 'sport = :{port}' | grep -q .; then echo '## port busy'; ss -Hltnp 'sport = :{port}'; "
+        "exit 0; fi",
         f"trap 'systemctl stop {unit} 2>/dev/null' EXIT",
+        "trap 'exit 1' HUP INT TERM PIPE",
         start,
         f"i=0; until curl -fsS -o /dev/null http://127.0.0.1:{port}/health; do",
         f"  systemctl is-active -q {unit} || {{ echo '## died'; journalctl -u {unit} -n 15 --no-pager -o cat;"
@@ -112,8 +122,11 @@ def sections(text: str) -> dict[str, str]:
 
 
 def address(inst: InstancePlan) -> str:
-    """Where the local server answers: loopback unless it is bound to one specific address."""
-    return "127.0.0.1" if inst.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else inst.host
+    """Where the local server answers, as a URL's host: loopback unless it is bound to one specific
+    address (an IPv6 one in brackets)."""
+    if inst.host in ("0.0.0.0", "::", "127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    return f"[{inst.host}]" if ":" in inst.host else inst.host
 
 
 def main_pid(unit: str) -> str:
@@ -153,7 +166,8 @@ def _run(plan: HostPlan, s: benchmark.BenchSettings) -> None:
             _, out = remote.run(trial_script(plan, inst, trial.flags(), port, client))
             parts = sections(out.output)
             if "bench" not in parts:
-                err = "did not start" if "died" in parts else "not ready in time"
+                err = ("port busy" if "port busy" in parts else "did not start" if "died" in parts
+                       else "not ready in time")
                 why = parts.get("died", out.output)[-1500:]
                 logger.warning(f"[{host.name}] trial {trial.label}: {err}\n{why}")
                 outcomes.append(benchmark.TrialOutcome(trial, None, error=err))

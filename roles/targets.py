@@ -141,7 +141,7 @@ def write_vllm_dashboards() -> None:
     if inventory_specs(check_secrets=False).get(host.name) is None:
         return
     run = current()
-    seen: dict[str, tuple[set[str], set[str]]] = run.rows.setdefault("dashboards", {})
+    seen: dict[str, tuple[set[str], set[str], int]] = run.rows.setdefault("dashboards", {})
     summary = run.rows.setdefault("dashboards summary", [])
     if run.at_end("dashboards", lambda: print("\n" + summary[0]) if summary else None):
         python.call(name="write dashboards and rules", function=_write_dashboards, seen=seen, summary=summary)
@@ -150,10 +150,10 @@ def write_vllm_dashboards() -> None:
     plan = plan_without_secrets(spec)
     running = host.get_fact(VllmHost)["current"]
     releases = {r.split("-", 1)[0] for r in (running, plan.release) if r}
-    seen[host.name] = (releases, {i.served_name for i in plan.instances})
+    seen[host.name] = (releases, {i.served_name for i in plan.instances}, plan.ready_timeout_s)
 
 
-def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], set[str]]],
+def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], set[str], int]],
                       summary: list[str]) -> bool:
     missing = _unplanned(state, seen)
     if missing:
@@ -161,8 +161,11 @@ def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], 
                                     "(unreachable or failed, see above)", "dashboards")
     settings = json.loads(os.environ.get(DASHBOARDS_ENV) or "{}")
     out = Path(settings.pop("output", "."))
-    releases = sorted(set().union(*(r for r, _ in seen.values())), key=_version_key)
-    models = sorted(set().union(*(m for _, m in seen.values())))
+    releases = sorted(set().union(*(r for r, _, _ in seen.values())), key=_version_key)
+    models = sorted(set().union(*(m for _, m, _ in seen.values())))
+    if not settings.get("down_for"):
+        # a restart (a deploy's, the watchdog's) takes up to the host's ready timeout: not an outage
+        settings["down_for"] = f"{max(t for _, _, t in seen.values()) + 60}s"
     doors = sorted(name for name in balancers() if state.is_host_in_limit(inventory.get_host(name)))
     try:
         fleet = observe.Fleet(releases=tuple(releases), models=tuple(models), doors=tuple(doors), **settings)

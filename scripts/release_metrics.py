@@ -115,6 +115,9 @@ def metrics(source: str) -> dict[str, dict[str, str]]:
         kind = next((k for k in KINDS if re.search(rf"(^|_){k}(_cls)?$", func, re.I)), None)
         name = next((kw.value.value for kw in node.keywords if kw.arg == "name"
                      and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)), None)
+        if kind is not None and name is None and any(kw.arg == "name" for kw in node.keywords):
+            print(f"note: a {kind} registered under a computed name at line {node.lineno} is not read",
+                  file=sys.stderr)
         if kind is None or name is None or not name.startswith("vllm:"):
             continue
         conditions, at = [], node
@@ -124,7 +127,11 @@ def metrics(source: str) -> dict[str, dict[str, str]]:
                 test = ast.unparse(parent.test)
                 conditions.append(test if at in parent.body else f"not ({test})")
             at = parent
-        found[name] = {"kind": kind, "condition": " and ".join(reversed(conditions))}
+        condition = " and ".join(reversed(conditions))
+        if name in found:  # registered twice (an if and its else): unconditional if either is
+            earlier = found[name]["condition"]
+            condition = "" if not (earlier and condition) else f"({earlier}) or ({condition})"
+        found[name] = {"kind": kind, "condition": condition}
     return found
 
 

@@ -171,6 +171,17 @@ def _tune(args: argparse.Namespace) -> int:
     if not out.is_dir():
         print(f"tune: {out} is not a directory", file=sys.stderr)
         return 2
+    from vllm_fleet.controller import runner
+
+    try:
+        names = [h.name for h in runner.load_inventory(args.inventory)]
+    except (RuntimeError, ValueError) as e:
+        print(f"vllm-fleet: {e}", file=sys.stderr)
+        return 2
+    if args.host not in names:  # one canary: not a group or a glob
+        print(f"tune: --host {args.host!r} is not a host of {args.inventory} (hosts: {', '.join(names)})",
+              file=sys.stderr)
+        return 2
     os.environ[TUNE_ENV] = json.dumps({
         "host": args.host, "instance": args.instance, "grid": args.grid, "workload": workload,
         "latency": args.latency, "target_ms": args.target_ms, "output": str(out),
@@ -330,7 +341,8 @@ def _commands(sub) -> None:
     db.add_argument("--job", default="vllm", help="Prometheus job scraping the targets file (default vllm)")
     db.add_argument("--ttft-p99-target", type=float, default=2.0, metavar="SECONDS",
                     help="VllmTtftP99High fires above this (default 2)")
-    db.add_argument("--down-for", default="1m", help="VllmInstanceDown's `for:` (default 1m)")
+    db.add_argument("--down-for", help="VllmInstanceDown's `for:` (default: the slowest selected host's "
+                                       "ready timeout + 60 s, so a restart does not page)")
     db.set_defaults(func=_dashboards)
 
     tu = sub.add_parser("tune", help="benchmark one instance over a grid of knobs (drained, stopped, "

@@ -23,7 +23,7 @@ from tests.hosts.conftest import INVENTORY, ROOT, deploy, on, unit_props
 from vllm_fleet.core import render
 from vllm_fleet.core.render import _CONFINING
 
-TRIAL = "vllm-bench-trial-default.service"
+TRIAL = "vllm-tune-trial-default.service"
 VLLM_FLEET = str(Path(sys.executable).parent / "vllm-fleet")
 FILES = "sha256sum /etc/vllm/default.yaml /etc/systemd/system/vllm-default.service"
 

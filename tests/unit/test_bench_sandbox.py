@@ -73,7 +73,8 @@ def test_trial_server_runs_with_every_property(kind):
     argv = shlex.split(start)
     given = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
     assert given[:4] == ["User=vllm", "Group=vllm", "WorkingDirectory=/var/lib/vllm", "KillMode=mixed"]
-    assert given[4:-2] == render.sandbox_properties(p, inst)
+    assert given[4] == f"RuntimeMaxSec={3600 + p.ready_timeout_s}"
+    assert given[5:-2] == render.sandbox_properties(p, inst)
     assert given[-2:] == [f"EnvironmentFile={inst.environment_path}", f"EnvironmentFile={inst.env_path}"]
     assert argv[argv.index("serve") - 1].endswith("/bin/vllm")
 

@@ -162,3 +162,19 @@ def test_promtool_unit_test_the_down_alert_fires_after_its_for(tmp_path):
     out = subprocess.run(["promtool", "test", "rules", str(tmp_path / "t.yml")], capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("job", 'vllm"}) or up{job="x', "--job"), ("job", "", "--job"),
+    ("down_for", "1 minute", "--down-for"), ("down_for", "5", "--down-for"),
+    ("ttft_p99_target_s", 0.0, "--ttft-p99-target"),
+])
+def test_settings_written_into_promql_are_refused_unless_plain(field, value, said):
+    with pytest.raises(observe.ObserveError, match=said):
+        fleet(**{field: value})
+    fleet(job="prod-vllm:eu.1", down_for="1h30m")  # plain ones pass
+
+
+def test_a_post_release_reads_its_base_releases_names():
+    f = fleet(releases=("0.34.0.post1",))
+    assert "vllm:kv_cache_usage_perc{" in observe.dashboard_json(f)

@@ -48,11 +48,17 @@ def query_range(client: httpx.Client, expr: str, start: float, end: float, step:
     body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
     if r.status_code != 200 or body.get("status") != "success":
         raise PreviewError(f"Prometheus refused {expr!r}: {body.get('error') or r.text[:300]}")
-    return body["data"]["result"]
+    result = body.get("data", {}).get("result")
+    if not isinstance(result, list):
+        raise PreviewError(f"Prometheus answered {expr!r} without a result list: {r.text[:300]}")
+    return result
 
 
 def page(dashboard: Path, prometheus: str, minutes: int = 15, now: float | None = None) -> Page:
     model = json.loads(dashboard.read_text())
+    if not isinstance(model, dict) or not all(isinstance(p, dict) and "title" in p and "targets" in p
+                                              for p in model.get("panels", [])):
+        raise PreviewError(f"{dashboard}: not a dashboard of titled panels with targets")
     end = now if now is not None else time.time()
     start, step = end - minutes * 60, max(1.0, minutes * 60 / 180)
     charts, empty = [], 0

@@ -98,6 +98,15 @@ class Fleet:
     down_for: str = "1m"
     facts: Mapping[str, Mapping[str, Metric]] | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        # both are written into PromQL and YAML: a quote or a brace would change what the rules select
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.:-]{0,99}", self.job):
+            raise ObserveError(f"--job {self.job!r}: letters, digits, '_', '.', ':' and '-' only")
+        if not re.fullmatch(r"(\d+(ms|[smhdwy]))+", self.down_for):
+            raise ObserveError(f"--down-for {self.down_for!r}: a Prometheus duration such as 90s or 5m")
+        if not self.ttft_p99_target_s > 0:
+            raise ObserveError(f"--ttft-p99-target {self.ttft_p99_target_s!r}: a positive number of seconds")
+
     def metrics(self) -> Mapping[str, Mapping[str, Metric]]:
         return self.facts if self.facts is not None else release_metrics()
 
@@ -107,7 +116,9 @@ def names_for(fleet: Fleet, key: str, user: str) -> tuple[str, ...]:
     signal, facts = SIGNALS[key], fleet.metrics()
     used: list[str] = []
     for release in fleet.releases:
-        have = facts.get(release)
+        # a post or local release (0.34.0.post1, 0.34.0+cu129) registers what its base release does
+        base = re.match(r"\d+\.\d+\.\d+", release)
+        have = facts.get(release) or (facts.get(base.group(0)) if base else None)
         if have is None:
             known = ", ".join(sorted(facts, key=_version_key))
             raise ObserveError(f"no metric facts for vLLM {release}: this vllm-fleet does not know "
