@@ -29,6 +29,7 @@ from vllm_fleet.core.startup import (
     quant_table,
     startup_refusals,
 )
+from vllm_fleet.core.variants import load_table
 from vllm_fleet.roles.facts import VllmHost
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
@@ -128,15 +129,27 @@ def test_a_planned_instance_that_vllm_starts_has_no_refusal() -> None:
 
 
 # --- quantization -----------------------------------------------------------------------------------------
+# Releases in variants.toml whose source was not read for quantization.toml (they get no quantization check).
+QUANT_NOT_READ = {"0.20.0"}
+
+
+def test_every_release_in_variants_toml_has_a_quantization_section() -> None:
+    # a release added to variants.toml without its section would skip the method and deprecation checks
+    table = quant_table()
+    assert set(load_table()) - set(table.methods) == QUANT_NOT_READ
+    assert set(table.methods) <= set(load_table())
+    assert set(table.deprecated) == set(table.methods)
+
+
 def test_the_table_holds_each_release_and_the_schema_offers_only_their_methods() -> None:
     table = quant_table()
-    assert set(table.methods) == {"0.31.0", "0.32.0", "0.33.0"}
+    assert set(table.methods) == {"0.31.0", "0.32.0", "0.33.0", "0.34.0"}
     schema = set(get_args(get_args(ServeFlags.model_fields["quantization"].annotation)[0]))
     for methods in table.methods.values():
         assert schema - set(methods) == set()  # bitsandbytes was offered; no release has it
 
 
-@pytest.mark.parametrize("version", ["0.31.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.31.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_unknown_quantization_method_refused_with_the_release_list(version: str) -> None:
     # the schema no longer offers it; the check stays for a release table that drops a method
     line = one(refusals({**flags(version=version), "quantization": "bitsandbytes"}, version=version,
@@ -174,6 +187,45 @@ def test_deprecated_fbgemm_checkpoint_needs_the_bypass_flag() -> None:
     assert "allowed: extra_args allow-deprecated-quantization: true" in line
     bypass = flags(extra_args={"allow-deprecated-quantization": True})
     assert refusals(bypass, model_config=fp8_model) == []
+
+
+# The keys FPQuantConfig.from_config reads (vLLM 0.33.0 fp_quant.py); the values are illustrative
+FP_QUANT = {"quant_method": "fp_quant", "forward_dtype": "mxfp4", "forward_method": "abs_max",
+            "hadamard_group_size": 32, "modules_to_not_convert": ["lm_head"]}
+# The keys W4AFP8Config.from_config reads (vLLM 0.34.0 w4afp8.py), at its defaults
+W4AFP8 = {"quant_method": "w4afp8", "group_size": 128, "weight_block_size": [128, 128],
+          "modules_to_not_convert": ["lm_head"]}
+
+
+def test_fp_quant_is_deprecated_on_0_33_and_gone_on_0_34() -> None:
+    fp_quant_model = model("Llama-3.1-8B-Instruct", quantization_config=FP_QUANT)
+    bypass = {"allow-deprecated-quantization": True}
+    line = one(refusals(flags(version="0.33.0"), version="0.33.0", model_config=fp_quant_model), "model")
+    assert "The quantization method fp_quant is deprecated" in line
+    assert refusals(flags(version="0.33.0", extra_args=bypass), version="0.33.0",
+                    model_config=fp_quant_model) == []
+    # 0.34.0 removed FPQuantConfig: the bypass no longer helps
+    gone = one(refusals(flags(version="0.34.0", extra_args=bypass), version="0.34.0",
+                        model_config=fp_quant_model), "model")
+    assert "quant_method 'fp_quant', which vLLM 0.34.0 refuses at start-up" in gone
+    assert "Unknown quantization method: fp_quant" in gone and "deprecated" not in gone
+
+
+def test_w4afp8_checkpoints_start_on_0_34_only() -> None:
+    moe = model("Qwen3-30B-A3B", quantization_config=W4AFP8)
+    assert refusals(flags(version="0.34.0"), version="0.34.0", model_config=moe) == []
+    old = one(refusals(flags(version="0.33.0"), version="0.33.0", model_config=moe), "model")
+    assert "quant_method 'w4afp8', which vLLM 0.33.0 refuses" in old
+    # no override claims the checkpoint: a flag naming another method is a mismatch
+    mismatch = one(refusals(flags(version="0.34.0", quantization="fp8"), version="0.34.0", model_config=moe),
+                   "flags.quantization")
+    assert "does not match the quantization method specified in the `quantization` argument (fp8)" in mismatch
+    assert "allowed: w4afp8, or leave quantization unset" in mismatch
+    # W4AFP8Config keeps Fp8Config's activation dtypes
+    f32 = one(refusals(flags(version="0.34.0", dtype="float32"), version="0.34.0", model_config=moe),
+              "flags.dtype")
+    assert "torch.float32 is not supported for quantization method w4afp8." in f32
+    assert f32.endswith("allowed: bfloat16, float16")
 
 
 def test_minimum_capability_of_the_checkpoint_method() -> None:
