@@ -92,6 +92,11 @@ def test_batched_tokens_defaults() -> None:
     assert sizing.default_max_num_batched_tokens(H100_MIB, "NVIDIA H100 80GB HBM3") == 8192
     assert sizing.default_max_num_batched_tokens(81920, "NVIDIA A100-SXM4-80GB") == 2048  # vLLM exempts A100
     assert sizing.default_max_num_batched_tokens(A10G_MIB, "NVIDIA A10G") == 2048
+    # vLLM 0.31-0.34's get_batch_defaults, read from their wheels: >= 160 GiB gets 16384 (B200: 183359
+    # MiB per nvidia-smi); GB10 (12.1, 119 GiB shared) stays small from 0.33 on
+    assert sizing.default_max_num_batched_tokens(183359, "NVIDIA B200", (10, 0)) == 16384
+    assert sizing.default_max_num_batched_tokens(122502, "NVIDIA GB10", (12, 1)) == 2048
+    assert sizing.default_max_num_batched_tokens(122502, "NVIDIA GB10", (12, 1), gb10_small=False) == 8192
     # Chunked prefill off: one step must hold a whole 32768-token prompt: 32768 x 4096 x 32 B = 4 GiB.
     est = estimate(L8B, max_model_len=32768, gpu_memory_total_mib=H100_MIB, enable_chunked_prefill=False,
                    max_num_seqs=1)

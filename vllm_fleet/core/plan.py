@@ -22,7 +22,7 @@ from vllm_fleet.core.environment import (
     unit_environment,
     watchdog_of,
 )
-from vllm_fleet.core.flags import SHUTDOWN_TIMEOUT_S, render_flags
+from vllm_fleet.core.flags import SHUTDOWN_TIMEOUT_S, render_flags, version_tuple
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.gpuselect import check_gpu_health, check_gpu_minors, choose_dtype, instance_gpus
 from vllm_fleet.core.hub import TOKEN_SUFFIX, HubSnapshot
@@ -240,7 +240,8 @@ def plan_host(host: str, spec: HostSpec, facts: HostFacts, environ: Mapping[str,
 
 def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gpu], tp: int, dtype: str,
               model_config: Mapping[str, Any] | None, weights: int | None, *, max_tp: int | None = None,
-              host_gpus: int | None = None, tp_multiple: int = 1) -> str | None:
+              host_gpus: int | None = None, tp_multiple: int = 1,
+              vllm_version: str | None = None) -> str | None:
     """Predict an out-of-memory start on the controller (vllm_fleet/core/sizing.py); None when it fits or the
     model's config is not known here.
 
@@ -272,7 +273,9 @@ def preflight(host: str, inst: InstanceSpec, accelerator: str, gpus: Sequence[Gp
                     gpu_memory_utilization=f.gpu_memory_utilization,
                     max_num_batched_tokens=f.max_num_batched_tokens,
                     enable_chunked_prefill=f.enable_chunked_prefill, block_size=f.block_size,
-                    enforce_eager=f.enforce_eager, gpu_name=gpus[0].name)
+                    enforce_eager=f.enforce_eager, gpu_name=gpus[0].name,
+                    compute_capability=gpus[0].compute_capability,
+                    gb10_small=vllm_version is None or version_tuple(vllm_version) >= (0, 33))
     return None if gest.fits else gest.refusal(host, inst.name, host_gpus=host_gpus)
 
 
@@ -373,7 +376,8 @@ def _check_memory(host: str, spec: HostSpec, inst: InstanceSpec, facts: HostFact
     else:
         max_tp = given
     refusal = preflight(host, staged, spec.accelerator, gpus, tp, dtype, model_config, weights,
-                        max_tp=max_tp, host_gpus=host_gpus, tp_multiple=tp_multiple)
+                        max_tp=max_tp, host_gpus=host_gpus, tp_multiple=tp_multiple,
+                        vllm_version=spec.version)
     if refusal:
         raise SpecError([refusal])
 

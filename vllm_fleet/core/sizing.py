@@ -57,9 +57,14 @@ ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 32
 SAMPLER_BYTES_PER_SEQ_VOCAB = 8
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CUDA default
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend default
-# vLLM's defaults for `vllm serve` (usage context OPENAI_API_SERVER) when --max-num-batched-tokens is unset.
-BIG_GPU_BATCHED_TOKENS = 8192  # GPUs with >= 70 GiB, except A100
+# vLLM's defaults for `vllm serve` (usage context OPENAI_API_SERVER) when --max-num-batched-tokens is unset:
+# EngineArgs.get_batch_defaults, the same in 0.31-0.34 but for GB10 (below). The one definition: the
+# memory estimate here and the start-up checks (core/startup.py) both read it.
+HUGE_GPU_BATCHED_TOKENS = 16384  # GPUs with >= 160 GiB (B200, B300)
+BIG_GPU_BATCHED_TOKENS = 8192  # GPUs with >= 70 GiB, except A100 and (from 0.33) GB10
 SMALL_GPU_BATCHED_TOKENS = 2048
+CPU_BATCHED_TOKENS_PER_RANK = 2048  # the CPU build: per rank of tensor x pipeline parallelism
+HUGE_GPU_MIB = 160 * 1024
 BIG_GPU_MIB = 70 * 1024
 # Ways out: the highest utilization suggested (leave room for the CUDA context and other processes) and
 # the step max_model_len suggestions are rounded down to.
@@ -131,9 +136,17 @@ def model_weight_bytes(info: ModelInfo, dtype: str) -> tuple[int, bool]:
     return params * el, False
 
 
-def default_max_num_batched_tokens(gpu_memory_total_mib: int, gpu_name: str | None = None) -> int:
-    """What `vllm serve` uses when --max-num-batched-tokens is unset (vLLM's EngineArgs defaults)."""
-    big = gpu_memory_total_mib >= BIG_GPU_MIB and "a100" not in (gpu_name or "").lower()
+def default_max_num_batched_tokens(gpu_memory_total_mib: int, gpu_name: str | None = None,
+                                   compute_capability: tuple[int, int] | None = None,
+                                   gb10_small: bool = True) -> int:
+    """What `vllm serve` uses on a GPU when --max-num-batched-tokens is unset (vLLM's EngineArgs
+    defaults). vLLM says why A100 stays small: a larger budget lowered its throughput (vLLM PR #17885);
+    GB10 (DGX Spark, 12.1) has the memory but not the compute of a large GPU. `gb10_small`: the release
+    has that rule (0.33 and later)."""
+    if gpu_memory_total_mib >= HUGE_GPU_MIB:
+        return HUGE_GPU_BATCHED_TOKENS
+    gb10 = gb10_small and compute_capability == (12, 1)
+    big = gpu_memory_total_mib >= BIG_GPU_MIB and "a100" not in (gpu_name or "").lower() and not gb10
     return BIG_GPU_BATCHED_TOKENS if big else SMALL_GPU_BATCHED_TOKENS
 
 
@@ -161,12 +174,14 @@ class Settings:
     block_size: int = DEFAULT_BLOCK_SIZE
     enforce_eager: bool = False
     gpu_name: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    gb10_small: bool = True  # the release keeps GB10 on the small batch tier (0.33 and later)
 
     def batched_tokens(self) -> int:
         """Tokens in the profiling pass: the flag, else vLLM's default; with chunked prefill off vLLM
         must fit a whole prompt in one step, so it is at least max_model_len."""
         tokens = self.max_num_batched_tokens or default_max_num_batched_tokens(
-            self.gpu_memory_total_mib, self.gpu_name)
+            self.gpu_memory_total_mib, self.gpu_name, self.compute_capability, self.gb10_small)
         if self.enable_chunked_prefill is False and self.max_num_batched_tokens is None:
             tokens = max(tokens, self.max_model_len)
         return tokens
@@ -435,6 +450,8 @@ def estimate(
     block_size: int | None = None,
     enforce_eager: bool = False,
     gpu_name: str | None = None,
+    compute_capability: tuple[int, int] | None = None,
+    gb10_small: bool = True,
     max_tp: int = DEFAULT_MAX_TP,
     tp_multiple: int = 1,
 ) -> Estimate:
@@ -455,6 +472,7 @@ def estimate(
         gpu_memory_total_mib=gpu_memory_total_mib, gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
         block_size=block_size or DEFAULT_BLOCK_SIZE, enforce_eager=enforce_eager, gpu_name=gpu_name,
+        compute_capability=compute_capability, gb10_small=gb10_small,
     )
     return estimate_settings(info, settings, max_tp=max_tp, tp_multiple=tp_multiple)
 

@@ -32,6 +32,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from vllm_fleet.core import sizing
 from vllm_fleet.core.flags import ServeFlags, version_tuple
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.modelinfo import (
@@ -432,17 +433,12 @@ def check_kv_cache_dtype_cpu(x: Inputs) -> list[str]:
 def _default_batched_tokens(x: Inputs, world: int) -> int | None:
     """EngineArgs.get_batch_defaults for the OpenAI server, before the chunked-prefill adjustments."""
     if not x.cuda:
-        return 2048 * world
+        return sizing.CPU_BATCHED_TOKENS_PER_RANK * world
     gpu = x.gpus[0] if x.gpus else None
     if gpu is None:
         return None
-    memory = gpu.memory_mib * (1 << 20)
-    gb10 = gpu.compute_capability == (12, 1) and version_tuple(x.release) >= (0, 33)
-    if memory >= 160 * GiB:
-        return 16384
-    if memory >= 70 * GiB and "a100" not in gpu.name.lower() and not gb10:
-        return 8192
-    return 2048
+    return sizing.default_max_num_batched_tokens(gpu.memory_mib, gpu.name, gpu.compute_capability,
+                                                 gb10_small=version_tuple(x.release) >= (0, 33))
 
 
 def check_batched_tokens(x: Inputs) -> list[str]:
