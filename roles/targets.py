@@ -25,6 +25,7 @@ from pyinfra.operations import python
 
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import observe, prometheus
+from vllm_fleet.core.flags import version_tuple
 from vllm_fleet.core.plan import HostPlan
 from vllm_fleet.roles.facts import VllmHost
 from vllm_fleet.roles.hostplan import inventory_specs, plan_without_secrets, this_host
@@ -161,7 +162,7 @@ def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], 
                                     "(unreachable or failed, see above)", "dashboards")
     settings = json.loads(os.environ.get(DASHBOARDS_ENV) or "{}")
     out = Path(settings.pop("output", "."))
-    releases = sorted(set().union(*(r for r, _, _ in seen.values())), key=_version_key)
+    releases = sorted(set().union(*(r for r, _, _ in seen.values())), key=version_tuple)
     models = sorted(set().union(*(m for _, m, _ in seen.values())))
     if not settings.get("down_for"):
         # a restart (a deploy's, the watchdog's) takes up to the host's ready timeout: not an outage
@@ -180,7 +181,3 @@ def _write_dashboards(state: State, host: Host, seen: dict[str, tuple[set[str], 
         return _fail(host, summary, f"not written: {e}", "dashboards")
     summary.append(observe.summary(fleet, [str(out / n) for n in files]))
     return True
-
-
-def _version_key(release: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in release.split(".") if p.isdigit())

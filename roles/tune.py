@@ -30,6 +30,7 @@ from pyinfra.operations import python
 
 from vllm_fleet.controller.run import current
 from vllm_fleet.core import benchmark, flags, tune
+from vllm_fleet.core.layout import SYSTEMD_DIR
 from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.roles import lb, lease, remote
 from vllm_fleet.roles.bench import TRIAL_MAX_S, address, bench_command, main_pid, sections, trial_script
@@ -50,7 +51,7 @@ def _settings() -> dict:
 def _fingerprint(inst: InstancePlan) -> str:
     """The instance's config, unit and environment files as they are on the host: equal before and after
     means the instance was restored, not rewritten."""
-    paths = [inst.config_path, f"/etc/systemd/system/{inst.unit}", inst.environment_path]
+    paths = [inst.config_path, f"{SYSTEMD_DIR}/{inst.unit}", inst.environment_path]
     ok, out = remote.run("sha256sum " + " ".join(shlex.quote(p) for p in paths) + " 2>&1")
     return out.stdout.strip() if ok else f"unreadable: {out.output.strip()[-300:]}"
 

@@ -29,13 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fleetlab as lab  # noqa: E402
+from tests.browser import FLAGS  # noqa: E402  (the tests' own Chromium flags)
 
 BIN = Path(sys.executable).parent
 INVENTORY = str(ROOT / "tests" / "hosts" / "inventory.py")
 BOUND = {"lab1": {"flags": {"host": "0.0.0.0"}, "open_paths": ["/health", "/metrics"]}}
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--force-device-scale-factor=1"]
+
 
 
 def run(*args: str, overrides: dict | None = None) -> None:

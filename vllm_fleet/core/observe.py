@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from vllm_fleet.core import lb
+from vllm_fleet.core.flags import version_tuple
 
 DASHBOARD_FILE = "vllm-fleet-dashboard.json"
 RULES_FILE = "vllm-fleet-rules.yml"
@@ -117,10 +118,9 @@ def names_for(fleet: Fleet, key: str, user: str) -> tuple[str, ...]:
     used: list[str] = []
     for release in fleet.releases:
         # a post or local release (0.34.0.post1, 0.34.0+cu129) registers what its base release does
-        base = re.match(r"\d+\.\d+\.\d+", release)
-        have = facts.get(release) or (facts.get(base.group(0)) if base else None)
+        have = facts.get(release) or facts.get(".".join(map(str, version_tuple(release))))
         if have is None:
-            known = ", ".join(sorted(facts, key=_version_key))
+            known = ", ".join(sorted(facts, key=version_tuple))
             raise ObserveError(f"no metric facts for vLLM {release}: this vllm-fleet does not know "
                                f"its metric names (known: {known}); a newer vllm-fleet adds them, read "
                                "from the release's wheel")
@@ -152,10 +152,6 @@ class Exprs:
 
 
 _RE2_META = re.compile(r"([.^$*+?()\[\]{}|\\])")
-
-
-def _version_key(release: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in release.split(".") if p.isdigit())
 
 
 def _alternation(values: Iterable[str]) -> str:
