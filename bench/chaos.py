@@ -1,23 +1,28 @@
 """Rounds of random faults on lab hosts, then the invariants a fleet's operators count on.
 
-  python bench/chaos.py [--rounds 20] [--seed 1] [--hosts lab1,lab2]
+  python bench/chaos.py [--rounds 20] [--seed 1] [--hosts lab1,lab2] [--faults two-deploys:3,sigkill]
 
-Needs a deployed lab (`make demo`). Each round picks a host (lab1 logs in through sudo, lab2 as root)
-and a fault, runs real deploys and rollbacks against it (`pyinfra` processes, as operators would), waits
-until every run has ended and no lease is live, then checks:
+Needs a deployed lab (`make demo`). The rounds are dealt to the hosts in turn (lab1 logs in through
+sudo, lab2 as root), and the hosts' rounds run at once, as operators working on different hosts do;
+each host draws its faults from its own generator, so a seed gives the same rounds whatever the
+timing. A round runs real deploys and rollbacks against its host (`pyinfra` processes, as operators
+would), waits until every run has ended and no lease is live, then checks:
 
 - the host serves exactly one config, and it is one that a run of this round committed or the one from
   before the round (never a third state): the live config's max-num-seqs is among those values, the
   host's recorded state holds that same config and unit, and `vllm-fleet status` passes its smoke test;
 - nothing partial is left: no build directory, no staged upload, no lease file;
 - every exit code matches its outcome: a deploy that exited 0 is the one serving, unless a run after it
-  changed the host (it then committed too, or was killed after its commit).
+  changed the host (it then committed too, or was killed after its commit);
+- two deploys that met: one waited for the other's lease and then applied its own config (the host
+  serves it), or was refused naming the holder.
 
-Faults: a controller SIGKILLed at a random moment; two deploys with different configs 0 to 5 s apart;
-a deploy and a rollback at once; vLLM killed during the smoke test; the host's link cut for 3 s
-mid-run. Not here (they need a second disk or a power switch the lab hosts lack): the state file system
-filled, and a power-off in the middle of a deploy (tests/hosts/test_rollout.py halts and boots a host
-between runs). Prints each round, then faults by kind and violations.
+Faults: a controller SIGKILLed at a random moment, then the next operator's deploy; two deploys with
+different configs 0 to 5 s apart; a deploy and a rollback at once; vLLM killed during the smoke test;
+the host's link cut for 3 s mid-run; the host's power cut mid-deploy (every process of it killed at
+once, fleetlab.power_cut), booted again, then the next operator's deploy. Not here: the state file
+system filled (the lab hosts' disks are this machine's own disk; tests/unit/test_hoststate.py fails a
+commit with ENOSPC instead). Prints each round, then faults by kind, concurrent pairs and violations.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,7 +48,10 @@ import fleetlab as lab  # noqa: E402
 
 INVENTORY = str(ROOT / "tests/hosts/inventory.py")
 BIN = Path(sys.executable).parent
+FAULTS = ("sigkill", "two-deploys", "deploy-and-rollback", "kill-vllm-in-smoke", "link-cut", "power-cut")
 SEQS = (4, 5, 6, 7, 8)  # the lab's own is 8
+WAITED = "the host lease is held by deploy: "  # the line of a run that waits (roles/lease.py)
+REFUSED = re.compile(r"the host lease is held by .*; waited \d+ s, nothing was changed")
 TTL = "8"  # a killed controller's lease expires quickly here; the default is 60 s
 
 
@@ -77,8 +86,8 @@ def leftovers(host: str) -> str:
                     "/opt/vllm/models/.staging/* 2>/dev/null; true").strip()
 
 
-def settle(host: str, procs: list[subprocess.Popen], limit: float = 900) -> dict[int, float]:
-    """Every run ended (a killed one is reaped; pid -> when it ended) and no live lease on the host."""
+def settle_runs(procs: list[subprocess.Popen], limit: float = 900) -> dict[int, float]:
+    """Every run ended (a killed one is reaped): pid -> when it ended."""
     deadline = time.monotonic() + limit
     ended: dict[int, float] = {}
     while len(ended) < len(procs) and time.monotonic() < deadline:
@@ -86,6 +95,13 @@ def settle(host: str, procs: list[subprocess.Popen], limit: float = 900) -> dict
             if p.pid not in ended and p.poll() is not None:
                 ended[p.pid] = time.monotonic()
         time.sleep(0.2)
+    return ended
+
+
+def settle(host: str, procs: list[subprocess.Popen], limit: float = 900) -> dict[int, float]:
+    """Every run ended and no live lease on the host."""
+    deadline = time.monotonic() + limit
+    ended = settle_runs(procs, limit)
     while time.monotonic() < deadline:
         show = json.loads(on(host, "python3 /usr/local/lib/vllm-fleet/lease.py show") or "{}")
         if not show.get("live"):
@@ -116,6 +132,21 @@ def veth(host: str) -> str:
     if subprocess.run(["ip", "link", "show", name], capture_output=True).returncode != 0:
         raise RuntimeError(f"no link {name} on the controller")
     return name
+
+
+def pair_violations(outcomes: list[dict], live: str) -> list[str]:
+    """Two deploys that met: one held the lease, the other waited for it and then applied its own
+    config (so the host serves the waiter's), or was refused naming the holder and changed nothing."""
+    ok = [o for o in outcomes if o["rc"] == 0]
+    failed = [o for o in outcomes if o["rc"] != 0]
+    if any(not o["refused"] for o in failed):
+        return [f"a deploy of the pair failed without naming the lease's holder: {failed[0]['tail'][-300:]}"]
+    waited = [o for o in ok if o["waited"]]
+    if len(ok) == 2 and len(waited) != 1:
+        return [f"both deploys exited 0 but {len(waited)} of them waited for the other's lease"]
+    if len(ok) == 2 and live != waited[0]["seqs"]:
+        return [f"the deploy that waited applied max-num-seqs {waited[0]['seqs']}, the host serves {live}"]
+    return []
 
 
 def run_round(rng: random.Random, host: str, fault: str) -> dict:
@@ -149,6 +180,18 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
         landed = wait_for(r"Application startup complete|Uvicorn running", host, since)
         if landed:
             on(host, "systemctl kill --signal=SIGKILL vllm-default.service")
+    elif fault == "power-cut":
+        p = start(host, "deploy", int(a))
+        runs.append(("deploy", a, p, time.monotonic()))
+        time.sleep(rng.uniform(1, 40))
+        landed = p.poll() is None
+        box = lab.LabHost(int(host.removeprefix("lab")))
+        lab.power_cut(box)
+        settle_runs([p])
+        lab.power_on(box, log=lambda *_: None)
+        # the host boots on what its disk holds; the next run takes the dead run's lease over and converges
+        follow = start(host, "deploy", int(b))
+        runs.append(("deploy", b, follow, time.monotonic()))
     elif fault == "link-cut":
         p = start(host, "deploy", int(a))
         runs.append(("deploy", a, p, time.monotonic()))
@@ -163,7 +206,8 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
         proc.log.seek(0)  # type: ignore[attr-defined]
         out = proc.log.read()  # type: ignore[attr-defined]
         outcomes.append({"what": what, "seqs": seqs, "rc": proc.returncode, "ended": ended.get(proc.pid, 0),
-                         "traceback": "Traceback" in out, "tail": out[-600:]})
+                         "traceback": "Traceback" in out, "waited": WAITED in out,
+                         "refused": REFUSED.search(out) is not None, "tail": out[-600:]})
     violations = []
     live = live_seqs(host)
     allowed = {before} | {o["seqs"] for o in outcomes if o["seqs"]}
@@ -185,39 +229,66 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
         violations.append(f"the last deploy exited 0 for max-num-seqs {last['seqs']}, the host serves {live}")
     violations += [f"a {o['what']} printed a traceback: {o['tail'][-300:]}"
                    for o in outcomes if o["traceback"]]
+    if fault == "two-deploys":
+        violations += pair_violations(outcomes, live)
     return {"host": host, "fault": fault, "landed": landed, "before": before, "live": live,
             "rcs": [o["rc"] for o in outcomes], "violations": violations}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--hosts", default="lab1,lab2")
-    ap.add_argument("--faults", default="sigkill,two-deploys,deploy-and-rollback,kill-vllm-in-smoke,link-cut")
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
-    hosts, faults = args.hosts.split(","), args.faults.split(",")
+    ap.add_argument("--faults", default=",".join(FAULTS),
+                    help="comma-separated; FAULT:N weighs one N times (two-deploys:3)")
+    args = ap.parse_args(argv)
+    hosts = args.hosts.split(",")
+    faults = [name for spec in args.faults.split(",")
+              for name, _, n in [spec.partition(":")] for _ in range(int(n or 1))]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        ap.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
     kinds: Counter[str] = Counter()
     landed: Counter[str] = Counter()
     bad: list[str] = []
+    printing = threading.Lock()
     t0 = time.monotonic()
-    for i in range(1, args.rounds + 1):
-        host, fault = rng.choice(hosts), rng.choice(faults)
-        r = run_round(rng, host, fault)
-        kinds[fault] += 1
-        landed[fault] += r["landed"]
-        bad += [f"round {i} ({host}, {fault}): {v}" for v in r["violations"]]
-        label = fault + ("" if r["landed"] else " (missed)")
-        verdict = "OK" if not r["violations"] else "VIOLATED: " + "; ".join(r["violations"])
-        print(f"round {i:3d}  {host}  {label:29s} before {r['before']} -> {r['live']}  exit {r['rcs']}  "
-              f"{verdict}", flush=True)
-    # the host back on the inventory's own config
+
+    def worker(host: str) -> None:
+        """A host's rounds, one after the other; hosts run at once, as operators on different hosts do.
+        Each host draws from its own generator, so a seed gives the same rounds whatever the timing."""
+        rng = random.Random(f"{args.seed}:{host}")
+        for i in range(1 + hosts.index(host), args.rounds + 1, len(hosts)):
+            fault = rng.choice(faults)
+            try:
+                r = run_round(rng, host, fault)
+            except Exception as e:  # noqa: BLE001  (a round the harness could not check is a violation)
+                r = {"landed": True, "before": "?", "live": "?", "rcs": [], "violations": [f"harness: {e!r}"]}
+            with printing:
+                kinds[fault] += 1
+                landed[fault] += r["landed"]
+                bad.extend(f"round {i} ({host}, {fault}): {v}" for v in r["violations"])
+                label = fault + ("" if r["landed"] else " (missed)")
+                verdict = "OK" if not r["violations"] else "VIOLATED: " + "; ".join(r["violations"])
+                print(f"round {i:3d}  {host}  {label:29s} before {r['before']} -> {r['live']}  "
+                      f"exit {r['rcs']}  {verdict}", flush=True)
+
+    threads = [threading.Thread(target=worker, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # each host back on the inventory's own config
     for h in hosts:
         subprocess.run([str(BIN / "pyinfra"), "-y", "--limit", h, INVENTORY, "deploys/vllm.py"], cwd=ROOT,
                        env={**os.environ, "VLLM_FLEET_TEST_OVERRIDES": "{}"}, capture_output=True)
-    print(f"\nchaos: {args.rounds} rounds in {time.monotonic() - t0:.0f} s; faults (landed of drawn): "
+    pairs = landed["two-deploys"] + landed["deploy-and-rollback"]
+    print(f"\nchaos: {args.rounds} rounds on {len(hosts)} hosts in {time.monotonic() - t0:.0f} s; "
+          "faults (landed of drawn): "
           + ", ".join(f"{k} {landed[k]}/{n}" for k, n in sorted(kinds.items())))
+    print(f"concurrent pairs: {pairs} ({landed['two-deploys']} deploy+deploy, "
+          f"{landed['deploy-and-rollback']} deploy+rollback)")
     print(f"violations: {len(bad)}")
     for line in bad:
         print(f"  {line}")

@@ -491,6 +491,30 @@ def halt(host: LabHost) -> None:
             time.sleep(0.1)
 
 
+def power_cut(host: LabHost) -> None:
+    """Every process of the host killed at once, as a power cut would: no unit stops, no shutdown.
+    (Unlike real power loss, writes the kernel had not flushed yet survive: the disk is this machine's.)"""
+    for _ in range(3):  # a process forking while it is being killed lands in the cgroup again
+        for hier in CGROUP_HIERARCHIES:
+            cg = Path(f"/sys/fs/cgroup/{hier}/vllm-fleet-lab/{host.name}")
+            for procs in cg.rglob("cgroup.procs") if cg.exists() else ():
+                for p in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(p), 9)
+        time.sleep(0.3)
+    pid = _nspawn_pid(host)
+    if pid:
+        terminate(pid)
+
+
+def power_on(host: LabHost, log=print) -> None:
+    """Boot a host that was cut or halted again from its disk, in its role and suite."""
+    known = [h for h in read_state() if h.index == host.index]
+    if not known:
+        raise LabError(f"{host.name} is not a lab host")
+    _up(known, time.monotonic(), log)
+
+
 def down(log=print) -> None:
     preflight()
     hosts_dir = LAB_DIR / "hosts"
