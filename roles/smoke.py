@@ -118,10 +118,14 @@ def effective_check(inst: InstancePlan) -> smoke.Check:
     ok, out = run(effective_command(inst))
     defaults_text, _, log = out.partition(f"{_LOG_MARK}\n")
     try:
-        at_default = json.loads(defaults_text) if defaults_text.strip() else None
+        found = json.loads(defaults_text) if defaults_text.strip() else None
     except json.JSONDecodeError:
-        at_default = None
-    problems, confirmed = effective.check_log(inst.flags, log.splitlines() if ok else [], at_default)
+        found = None
+    if isinstance(found, list):  # written by a check before the settings were: the list alone
+        found = {"at_default": found}
+    at_default, settings = (found.get("at_default"), found.get("settings")) if found else (None, None)
+    problems, confirmed = effective.check_log(inst.flags, log.splitlines() if ok else [], at_default,
+                                              settings)
     if problems:
         return smoke.Check("config", False, "; ".join(problems))
     return smoke.Check("config", True, f"{confirmed} of {len(inst.flags)} in the log")
@@ -131,7 +135,8 @@ _LOG_MARK = "## start-up log"
 
 
 def effective_command(inst: InstancePlan) -> str:
-    """One remote command: the at-default list, then this start's two lines (by the unit's InvocationID)."""
+    """One remote command: the host check's at-default file, then this start's two lines (by the unit's
+    InvocationID)."""
     grep = f"grep -F -e {shlex.quote(effective.NON_DEFAULT)} -e {shlex.quote(effective.ENGINE_MARK)}"
     return (f"cat {STAGED}/{inst.name}.yaml.at-default 2>/dev/null; echo; echo '{_LOG_MARK}'; "
             f"id=$(systemctl show -p InvocationID --value {inst.unit}) && test -n \"$id\" && "

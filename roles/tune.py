@@ -76,7 +76,7 @@ def _trial(plan: HostPlan, inst: InstancePlan, point: tune.TunePoint, workload: 
     args = ["bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--model",
             inst.served_name, "--tokenizer", inst.model_dir, "--ignore-eos", *tune.workload_args(workload)]
     client = bench_command(plan, inst, args)
-    _, out = remote.run(trial_script(plan, inst, point.flags(), port, client, "tune"))
+    _, out = remote.run(trial_script(plan, inst, point.flags(plan.vllm_version), port, client, "tune"))
     parts = sections(out.output)
     if "bench" not in parts:
         err = ("port busy" if "port busy" in parts else "did not start" if "died" in parts

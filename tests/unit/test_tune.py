@@ -119,9 +119,13 @@ def test_workload_is_checked(kwargs, field):
 def test_point_flags_and_label_follow_knob_order_and_render_flags_forms():
     p = tune._point({"enable_prefix_caching": False, "max_num_seqs": 16, "max_num_batched_tokens": 512,
                      "enable_chunked_prefill": True, "gpu_memory_utilization": 0.85})
-    assert p.flags() == ["--max-num-batched-tokens", "512", "--max-num-seqs", "16",
-                         "--gpu-memory-utilization", "0.85", "--no-enable-prefix-caching",
-                         "--enable-chunked-prefill"]
+    assert p.flags("0.32.0") == ["--max-num-batched-tokens", "512", "--max-num-seqs", "16",
+                                 "--gpu-memory-utilization", "0.85", "--no-enable-prefix-caching",
+                                 "--enable-chunked-prefill"]
+    # 0.33 pairs --enable-x with --disable-x and hides --no-enable-x (data/parser.toml)
+    assert "--disable-prefix-caching" in p.flags("0.34.0")
+    assert tune.current_values({"disable-prefix-caching": True, "max-num-seqs": 16}) == {
+        "max_num_seqs": 16, "enable_prefix_caching": False}
     assert p.label == ("max_num_batched_tokens=512 max_num_seqs=16 gpu_memory_utilization=0.85 "
                        "enable_prefix_caching=false enable_chunked_prefill=true")
 
@@ -140,7 +144,7 @@ def test_baseline_first_then_the_grid_without_the_baseline_combination():
 def test_a_knob_at_vllms_default_has_no_override_in_the_baseline():
     pts, _ = tune.points({"max_num_batched_tokens": [512], "max_num_seqs": [16]}, {"max_num_seqs": 256})
     base = pts[0]
-    assert base.flags() == ["--max-num-seqs", "256"]
+    assert base.flags("0.32.0") == ["--max-num-seqs", "256"]
     assert base.label == "max_num_batched_tokens=(vLLM default) max_num_seqs=256"
     assert len(pts) == 2  # the explicit 512/16 point is never the baseline
 

@@ -16,7 +16,10 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import tomllib
 from collections.abc import Iterable
+from functools import cache
+from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -350,14 +353,46 @@ def accepted_by(name: str, vllm_version: str, platform: str) -> bool:
     return platform in meta["platforms"]
 
 
+@cache
+def parser_facts() -> dict[str, dict[str, Any]]:
+    """How each release's parser turns a boolean off (vllm_fleet/data/parser.toml, read from the
+    wheels by scripts/release_parser.py)."""
+    return tomllib.loads(resources.files("vllm_fleet.data").joinpath("parser.toml").read_text())["release"]
+
+
+def off_key(key: str, vllm_version: str) -> str:
+    """The key that turns `key` off in that release's parser, as its help spells it: `disable-x` for
+    `enable-x` (and `enable-x` for `disable-x`) where the release pairs them (0.33 on, whose `--no-`
+    form is hidden, kept for backwards compatibility only), else `no-x`. A release without facts gets
+    `no-x`, which every release read so far takes; the host check has the last word either way."""
+    facts = parser_facts().get(".".join(str(p) for p in version_tuple(vllm_version)), {})
+    for prefix, inverse in facts.get("inverse_prefixes", {}).items():
+        if f"--{key}".startswith(prefix):
+            return inverse.removeprefix("--") + f"--{key}".removeprefix(prefix)
+    return f"no-{key}"
+
+
+def field_of(key: str, value: object) -> tuple[str, object]:
+    """A rendered key and value as the typed field they set: `no-enable-x: true` and `disable-x: true`
+    are enable_x off (render_flags' spellings, read back)."""
+    typed = {f.replace("_", "-") for f in ServeFlags.model_fields}
+    if value is True:
+        for off, on in (("no-", ""), ("disable-", "enable-"), ("enable-", "disable-")):
+            base = on + key.removeprefix(off)
+            if key.startswith(off) and base in typed:
+                return base.replace("-", "_"), False
+    return key.replace("-", "_"), value
+
+
 def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[str, Scalar | list[Scalar]]:
     """Kebab-case keys for `vllm serve --config`, in a stable order, without unset or unaccepted flags.
 
-    "Off" is written `no-<flag>: true`: vLLM's config loader turns `<flag>: false` into `--no-<flag>`
-    only when its top-level parser has that option, and only the `serve` subparser has it, so a plain
+    "Off" is written as a flag of its own, `no-<flag>: true` or, where the release pairs them,
+    `disable-<x>: true` (off_key): vLLM's config loader turns `<flag>: false` into `--no-<flag>` only
+    when its top-level parser has that option, and only the `serve` subparser has it, so a plain
     `false` was dropped and vLLM's own default (prefix caching on) stayed in force. A typed flag without
     a `--no-` form (headless) is off by leaving it out; for an extra_args flag the installed vLLM
-    decides, and the host check refuses `no-<flag>` where it has no such option (leave it out then).
+    decides, and the host check refuses an off form it has no such option for (leave it out then).
     """
     out: dict[str, Scalar | list[Scalar]] = {}
     for name in ServeFlags.model_fields:
@@ -366,17 +401,18 @@ def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[st
         value = getattr(flags, name)
         if value is None or not accepted_by(name, vllm_version, platform):
             continue
-        _put(out, name.replace("_", "-"), value, flag_meta(name)["negatable"])
+        put_flag(out, name.replace("_", "-"), value, flag_meta(name)["negatable"], vllm_version)
     for key, value in flags.extra_args.items():
-        # the host check refuses `no-<flag>` where the installed vLLM has no such option
-        _put(out, key, value, True)
+        # the host check refuses an off form the installed vLLM has no option for
+        put_flag(out, key, value, True, vllm_version)
     return out
 
 
-def _put(out: dict[str, Scalar | list[Scalar]], key: str, value: Scalar | list[Scalar],
-         negatable: bool) -> None:
+def put_flag(out: dict[str, Scalar | list[Scalar]], key: str, value: Scalar | list[Scalar],
+             negatable: bool, vllm_version: str) -> None:
+    """One flag as render_flags writes it: off as its release's off key, or left out (not negatable)."""
     if value is False:
         if negatable:
-            out[f"no-{key}"] = True
+            out[off_key(key, vllm_version)] = True
         return
     out[key] = value

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from vllm_fleet.core import svgplot
 from vllm_fleet.core.benchmark import BenchResult, dataset_args
-from vllm_fleet.core.flags import Scalar, ServeFlags, _put, did_you_mean, flag_meta
+from vllm_fleet.core.flags import Scalar, ServeFlags, did_you_mean, field_of, flag_meta, put_flag
 from vllm_fleet.core.tables import columns
 
 Value = int | float | bool
@@ -131,13 +131,13 @@ def parse_grid(items: Sequence[str], platform: str | None = None) -> dict[str, l
 
 def current_values(rendered: Mapping[str, object]) -> dict[str, Value]:
     """The knobs' values in an instance's rendered flags (flags.render_flags: kebab-case, "off" written
-    as `no-<flag>: true`), as the inventory spells them. A knob absent here runs at vLLM's default."""
+    as a key of its own, flags.field_of), as the inventory spells them. A knob absent here runs at
+    vLLM's default."""
     out: dict[str, Value] = {}
-    for key, value in rendered.items():
-        off = key.startswith("no-") and value is True
-        name = key.removeprefix("no-").replace("-", "_") if off else key.replace("-", "_")
+    for key, given in rendered.items():
+        name, value = field_of(key, given)
         if name in KNOBS and isinstance(value, int | float):
-            out[name] = False if off else value
+            out[name] = value
     return {k: out[k] for k in KNOBS if k in out}
 
 
@@ -191,11 +191,12 @@ class TunePoint:
     def as_dict(self) -> dict[str, Value]:
         return dict(self.values)
 
-    def flags(self) -> list[str]:
-        """`--max-num-seqs 16`, `--no-enable-prefix-caching` ...: rendered as flags.render_flags does."""
+    def flags(self, vllm_version: str) -> list[str]:
+        """`--max-num-seqs 16`, `--no-enforce-eager`, `--disable-prefix-caching` (0.33 on) ...: rendered
+        as flags.render_flags renders them for that release."""
         rendered: dict[str, Scalar | list[Scalar]] = {}
         for name, value in self.values:
-            _put(rendered, name.replace("_", "-"), value, flag_meta(name)["negatable"])
+            put_flag(rendered, name.replace("_", "-"), value, flag_meta(name)["negatable"], vllm_version)
         return [a for k, v in rendered.items() for a in ([f"--{k}"] if v is True else [f"--{k}", str(v)])]
 
     @property

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 # Rendered flag -> (attribute of vLLM's VllmConfig, key on the engine's start-up line or None).
@@ -53,11 +53,17 @@ ENGINE_MARK = " with config: "  # fixed strings: the host greps for both (grep -
 ENGINE_LINE = re.compile(r"Initializing a V[0-9] LLM engine \(v[^)]*\) with config: ")
 
 
-def expected(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A rendered config as the settings it means: `no-x: true` is x off."""
+def expected(config: Mapping[str, Any], settings: Mapping[str, Sequence[Any]] | None = None
+             ) -> dict[str, Any]:
+    """A rendered config as the settings it means: `no-x: true` is x off. `settings` is what the host
+    check found each key to mean in the release's own parser (key -> [setting, value]; validate_serve
+    .meanings), for the keys whose spelling says otherwise: `disable-x: true` is x off on vLLM 0.33."""
     out: dict[str, Any] = {}
     for key, value in config.items():
-        if key.startswith(NO) and value is True:
+        if settings and key in settings:
+            setting, meant = settings[key]
+            out[setting] = meant
+        elif key.startswith(NO) and value is True:
             out[key.removeprefix(NO)] = False
         else:
             out[key] = value
@@ -188,8 +194,8 @@ def from_log(lines: Iterable[str]) -> tuple[dict[str, Any], dict[str, str]]:
     return args, engine
 
 
-def check_log(config: Mapping[str, Any], lines: Iterable[str],
-              at_default: Collection[str] | None = None) -> tuple[list[str], int]:
+def check_log(config: Mapping[str, Any], lines: Iterable[str], at_default: Collection[str] | None = None,
+              settings: Mapping[str, Sequence[Any]] | None = None) -> tuple[list[str], int]:
     """Compare a rendered config with a start-up log: (differences, settings the log confirmed).
 
     The engine line is the truth for the settings it prints (vLLM may resolve or override them while
@@ -204,7 +210,7 @@ def check_log(config: Mapping[str, Any], lines: Iterable[str],
     if missing:
         return [f"the start-up log has no {' and no '.join(missing)} (vLLM logs both at INFO; journald "
                 "must keep them)"], 0
-    want = expected(config)
+    want = expected(config, settings)
     on_line = {flag: engine[key] for flag, (_, key) in ENGINE.items() if key and key in engine}
     in_args = {k.replace("_", "-"): v for k, v in args.items()}
     problems = differences({k: v for k, v in want.items() if k in on_line}, on_line, "vLLM runs with")

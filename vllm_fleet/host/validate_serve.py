@@ -15,8 +15,11 @@ Three steps, each catching what the one before cannot:
    cache, scheduler and parallel checks, the platform's adjustments), offline; every setting of
    effective.ENGINE must come out as the file says. What vLLM decides later, in its workers (the
    attention backend, a hybrid model's block size), is not built here.
+Every setting is compared by what the release's parser makes of its key (meanings): `no-enable-x`,
+`disable-x` and `enable-x` are all the setting enable-x, on or off as that parser says.
 On success it writes CONFIG.yaml.at-default: the settings equal to the parser's defaults, which vLLM's
-start-up log leaves out (the check after the restart reads it), and, for a key-guarded config,
+start-up log leaves out, and the keys whose setting their spelling does not say (both read by the check
+after the restart), and, for a key-guarded config,
 CONFIG.yaml.routes.json: the routes the app registers, which the smoke test probes without the key.
 The route is the same in vLLM 0.31-0.33.
 
@@ -105,20 +108,39 @@ def _one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text[:1500]}"
 
 
-def _parsed(config: dict, options: dict, ns: argparse.Namespace) -> dict:
-    return {(key.removeprefix(effective.NO) if key.startswith(effective.NO) else key):
-            getattr(ns, options[f"--{key}"].dest, None) for key in config}
+def options_of(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Every option string the parser takes, hidden ones included: vLLM 0.33 pairs `--enable-x` with
+    `--disable-x` and keeps `--no-enable-x` working but drops it from the action's option_strings (and
+    from help), so the actions' own lists would refuse a spelling the parser takes."""
+    return dict(parser._option_string_actions)
 
 
-def _at_default(config: dict, options: dict, serve: argparse.ArgumentParser, ns: argparse.Namespace) -> list:
+def meanings(config: dict, options: dict[str, argparse.Action], parser: argparse.ArgumentParser
+             ) -> dict[str, tuple[str, Any]]:
+    """key -> (its setting, as vLLM's non-default args line spells it, the value vLLM's parser gives
+    it). `no-enable-x: true`, `disable-x: true` and `no-disable-x: true` are all settings of x: a
+    value-less option is asked what it stores, so every release's negations and inverse aliases mean
+    what that release's parser makes of them, not what their spelling suggests."""
+    out = {}
+    for key, value in config.items():
+        action = options[f"--{key}"]
+        if value is True and action.nargs == 0:
+            scratch = argparse.Namespace()
+            action(parser, scratch, [], f"--{key}")
+            value = getattr(scratch, action.dest)
+        out[key] = (action.dest.replace("_", "-"), value)
+    return out
+
+
+def _parsed(want: dict[str, Any], ns: argparse.Namespace) -> dict[str, Any]:
+    return {setting: getattr(ns, setting.replace("-", "_"), None) for setting in want}
+
+
+def _at_default(want: dict[str, Any], serve: argparse.ArgumentParser, ns: argparse.Namespace) -> list:
     """Settings whose parsed value is the parser's default: vLLM leaves them out of its `non-default
     args` line, so the check after the restart needs to know them (written beside the staged file)."""
-    out = []
-    for key in config:
-        dest = options[f"--{key}"].dest
-        if getattr(ns, dest, None) == serve.get_default(dest):
-            out.append(key.removeprefix(effective.NO) if key.startswith(effective.NO) else key)
-    return sorted(out)
+    return sorted(s for s in want if getattr(ns, s.replace("-", "_"), None) == serve.get_default(
+        s.replace("-", "_")))
 
 
 # What decides where the API listens, who may call it, which code it runs and on how many GPUs: each
@@ -167,7 +189,7 @@ _HINTS = {"distributed-executor-backend": " (the CPU platform keeps 'uni' only w
                                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 in the instance's env)"}
 
 
-def _engine_check(ns: argparse.Namespace, config: dict) -> dict[str, Any]:
+def _engine_check(ns: argparse.Namespace, want: dict) -> dict[str, Any]:
     """vLLM's engine config built as `vllm serve` builds it (the API server's defaults, headless for
     workers), compared with the file: {"error": why} or {"diff": [...]}."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -180,7 +202,7 @@ def _engine_check(ns: argparse.Namespace, config: dict) -> dict[str, Any]:
                 headless=bool(getattr(ns, "headless", False)))
     except Exception as e:  # vLLM raises ValueError, pydantic's ValidationError, and others
         return {"error": _one_line(e)}
-    return {"diff": effective.differences(effective.expected(config), effective.engine_values(vllm_config),
+    return {"diff": effective.differences(want, effective.engine_values(vllm_config),
                                           "vLLM's engine config has")}
 
 
@@ -211,12 +233,9 @@ def _main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="subcommand")
     ServeSubcommand().subparser_init(sub)
     serve = sub.choices["serve"]
-    options = {s: a for a in serve._actions for s in a.option_strings}
+    options = options_of(serve)
     with open(path) as f:
         config = yaml.safe_load(f) or {}
-    both = [k for k in config if f"{effective.NO}{k}" in config]
-    if both:
-        return _refuse(f"both {both[0]} and {effective.NO}{both[0]} are set: vLLM takes the last one")
     unknown = [k for k in config if f"--{k}" not in options]
     if unknown:
         off = [k for k in unknown
@@ -225,6 +244,15 @@ def _main(argv: list[str]) -> int:
                 "their default)") if off else ""
         print(f"vLLM does not know these flags: {', '.join(unknown)}{hint}", file=sys.stderr)
         return 1
+    meant = meanings(config, options, serve)
+    by_setting: dict[str, list[str]] = {}
+    for key, (setting, _) in meant.items():
+        by_setting.setdefault(setting, []).append(key)
+    both = next((keys for keys in by_setting.values() if len(keys) > 1), None)
+    if both:
+        return _refuse(f"{' and '.join(both)} are both set: they are one setting of vLLM's "
+                       f"({meant[both[0]][0]}), and it takes the last one")
+    want = {setting: value for setting, value in meant.values()}
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -235,11 +263,10 @@ def _main(argv: list[str]) -> int:
         return int(e.code or 1)
     except (ValueError, argparse.ArgumentError) as e:
         return _refuse(str(e))
-    diff = effective.differences(effective.expected(config), _parsed(config, options, ns),
-                                 "vLLM's parser made it")
+    diff = effective.differences(want, _parsed(want, ns), "vLLM's parser made it")
     if diff:
         return _refuse("vLLM would not run with what the file says: " + "; ".join(diff))
-    off_plan = plan_refusals(config, ns, serve.get_default, key_expected)
+    off_plan = plan_refusals(want, ns, serve.get_default, key_expected)
     if off_plan:
         return _refuse("vLLM's parser made these differ from the plan: " + "; ".join(off_plan))
     try:  # what `vllm serve` checks right after parsing (tool-call parser, chat template, ...)
@@ -260,17 +287,19 @@ def _main(argv: list[str]) -> int:
             else:
                 import asuser  # uploaded beside this script
 
-            ran = asuser.run_as(user, lambda: _engine_check(ns, config))
+            ran = asuser.run_as(user, lambda: _engine_check(ns, want))
             found = ran.get("result") or {"error": ran.get("error")}
         else:
-            found = _engine_check(ns, config)
+            found = _engine_check(ns, want)
         if found.get("error"):
             return _refuse(f"vLLM would refuse to start: {found['error']}")
         if found["diff"]:
             return _refuse("vLLM would change these settings: " + "; ".join(
                 d + _HINTS.get(d.split(":", 1)[0], "") for d in found["diff"]))
     with open(f"{path}.at-default", "w") as f:
-        json.dump(_at_default(config, options, serve, ns), f)
+        json.dump({"at_default": _at_default(want, serve, ns),
+                   "settings": {k: [setting, v] for k, (setting, v) in meant.items()
+                                if (setting, v) != (k, config[k])}}, f)
     if config.get("middleware"):
         # the routes the key guard must cover (vllm_fleet/host/keyguard.py), listed while vLLM is imported
         # anyway;
