@@ -145,6 +145,7 @@ def plan_this_host(spec: HostSpec | None = None,
     facts, vh = host_facts(spec)
     try:
         plan = plan_for(spec, facts, os.environ, hub_reads)
+        agrees_with_group(plan, vh)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
     for w in plan.warnings:
@@ -165,6 +166,23 @@ def plan_for(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
     return plan
 
 
+def agrees_with_group(plan: HostPlan, vh: VllmHostFacts) -> None:
+    """A node's plan against the nodes of its group planned before it in this run: what each node's own
+    facts decide (its build, Python, GPUs, dtype) must agree, as the inventory's part already does
+    (cluster.resolve). The first node to differ is refused; the others then stop at the group barrier."""
+    node = current().nodes.get(host.name)
+    if node is None or not plan.instances:
+        return
+    inst = plan.instances[0]
+    mine = cluster.shape(plan.release, (vh.get("python") or [""])[0], len(inst.gpu_indexes),
+                         inst.tensor_parallel, inst.pipeline_parallel, inst.dtype)
+    planned = current().shapes.setdefault(node.store, {})
+    problems = cluster.disagreements(node, mine, planned)
+    planned[host.name] = mine
+    if problems:
+        raise SpecError(problems)
+
+
 def controller_environ(spec: HostSpec) -> dict[str, str]:
     """The environment every command plans with: the controller's own (index settings, find-links, the
     unit's variables), the deploy's exactly. A secret that is not set gets a placeholder, for read-only
@@ -176,8 +194,10 @@ def controller_environ(spec: HostSpec) -> dict[str, str]:
 def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
     """The deploy's own plan for this host, for read-only work that needs no key on the controller."""
     spec = _required(spec, False)
-    facts, _ = host_facts(spec)
+    facts, vh = host_facts(spec)
     try:
-        return plan_for(spec, facts, controller_environ(spec), hub_reads=False)
+        plan = plan_for(spec, facts, controller_environ(spec), hub_reads=False)
+        agrees_with_group(plan, vh)
+        return plan
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None

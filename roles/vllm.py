@@ -33,6 +33,7 @@ from vllm_fleet.core.tables import columns
 from vllm_fleet.roles import hub, install, lb, lease, model, remote, service
 from vllm_fleet.roles.hostplan import (
     Refused,
+    agrees_with_group,
     controller_environ,
     host_facts,
     plan_for,
@@ -302,6 +303,7 @@ def plan_vllm() -> None:
         if missing:  # checked by name, never shown: the deploy would refuse this host for it
             raise SpecError(missing)
         plan = plan_for(spec, facts, controller_environ(spec))
+        agrees_with_group(plan, vh)
     except (SpecError, Refused) as e:
         row.refused = "; ".join(e.problems) if isinstance(e, SpecError) else str(e)
         # an operation that fails without touching the host: pyinfra exits non-zero once every host's

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import fleetlab as lab
+from fleetlab.inventory import lab_cluster_vllm
 from tests.hosts.conftest import INVENTORY, PYINFRA, ROOT, deploy, host_files_digest, on, unit_props
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia"
@@ -48,28 +49,32 @@ def _put(host: str, path: str, content: str, mode: str) -> None:
 
 @pytest.fixture()
 def simulated_gpu(deployed):
-    """lab2's nvidia-smi replays a capture; removed afterwards so later tests see a CPU host again."""
-    _put("lab2", "/root/fake-nvidia-smi.sh", (FIXTURES / "fake-nvidia-smi.sh").read_text(), "755")
+    """A host's nvidia-smi (lab2's unless told) replays a capture; removed afterwards so later tests see
+    CPU hosts again."""
+    used: set[str] = set()
 
     def use(capture: str | None = None, error: str | None = None, rc: int = 0,
-            q_text: str | None = None) -> None:
+            q_text: str | None = None, host: str = "lab2") -> None:
+        used.add(host)
+        _put(host, "/root/fake-nvidia-smi.sh", (FIXTURES / "fake-nvidia-smi.sh").read_text(), "755")
         if capture:
-            _put("lab2", "/root/capture.txt", (FIXTURES / capture).read_text(), "644")
+            _put(host, "/root/capture.txt", (FIXTURES / capture).read_text(), "644")
             if q_text is None and capture in Q_OF:
                 q_text = (FIXTURES / Q_OF[capture]).read_text()
             env = "FAKE_SMI_CAPTURE=/root/capture.txt"
             if q_text is not None:
-                _put("lab2", "/root/capture-q.txt", q_text, "644")
+                _put(host, "/root/capture-q.txt", q_text, "644")
                 env += " FAKE_SMI_Q_CAPTURE=/root/capture-q.txt"
         else:
-            _put("lab2", "/root/error.txt", (FIXTURES / error).read_text(), "644")
+            _put(host, "/root/error.txt", (FIXTURES / error).read_text(), "644")
             env = f"FAKE_SMI_ERROR=/root/error.txt FAKE_SMI_RC={rc}"
         wrapper = f"#!/bin/sh\nexec env {env} /root/fake-nvidia-smi.sh \"$@\"\n"
-        _put("lab2", "/usr/local/bin/nvidia-smi", wrapper, "755")
+        _put(host, "/usr/local/bin/nvidia-smi", wrapper, "755")
 
     yield use
-    on("lab2", "rm -f /usr/local/bin/nvidia-smi /root/fake-nvidia-smi.sh /root/capture.txt /root/error.txt "
-               "/root/capture-q.txt")
+    for host in sorted(used):
+        on(host, "rm -f /usr/local/bin/nvidia-smi /root/fake-nvidia-smi.sh /root/capture.txt /root/error.txt "
+                 "/root/capture-q.txt")
 
 
 def _plan(overrides: dict) -> subprocess.CompletedProcess:
@@ -190,3 +195,25 @@ def test_plan_uses_device_minors_not_indexes_and_refuses_a_gpu_without_one(simul
             "GPU 1 ") in text
     for h in ("lab1", "lab2"):
         assert (host_files_digest(h), unit_props(h)["MainPID"]) == before[h]
+
+
+def test_a_node_group_whose_nodes_facts_differ_is_refused_at_plan_time(simulated_gpu):
+    """Both GPUs SIMULATED: lab1 replays the 1x H100 capture (driver 590.48.01), lab2 the 4x A100 one
+    (driver 555.42.02). The inventory agrees (one cluster, no gpus list: each node takes all of its own);
+    the facts do not: lab2's driver allows only the CUDA 12.9 build, and its 4 GPUs make another tensor
+    parallel size. The plan refuses the node that differs, naming both nodes and what to change, before
+    any host is touched."""
+    simulated_gpu(capture=H100, host="lab1")
+    simulated_gpu(capture=A100X4)
+    group = {name: {**lab_cluster_vllm(i, ["lab1", "lab2"]), "accelerator": "cuda",
+                    "install_source": "registry"} for i, name in enumerate(("lab1", "lab2"))}
+    for data in group.values():
+        data["cluster"] = {**data["cluster"], "split": "pipeline"}
+    out = _plan({"__replace__": group})
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert "lab2: cluster 'pair': release is '0.32.0-cu129' here and '0.32.0-cu130' on lab1" in text, \
+        text[-3000:]
+    assert ("lab2: cluster 'pair': gpus is 4 here and 1 on lab1; every node of a group starts the same "
+            "engine (each node computes its share") in text
+    assert "Traceback" not in text

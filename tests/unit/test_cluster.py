@@ -12,7 +12,7 @@ import yaml
 
 from vllm_fleet.controller.rollout import keep_groups_together, waves
 from vllm_fleet.core import render
-from vllm_fleet.core.cluster import resolve
+from vllm_fleet.core.cluster import disagreements, resolve, shape
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.plan import HostFacts, plan_host
 from vllm_fleet.core.spec import SpecError, parse_host
@@ -247,3 +247,46 @@ def test_a_master_port_equal_to_a_serve_port_is_refused_before_any_host_is_touch
     found = problems(lambda: resolve(s, ADDR))
     assert any(x.startswith("gpu-a: vllm.instances[default].flags.port: 8000 is cluster 'big''s master_port")
                for x in found), found
+
+
+# --- what each node's facts decide: one engine across the group (roles/hostplan.agrees_with_group) ---------
+def node_shapes(n_gpus: dict[str, int], pythons: dict[str, str] | None = None,
+                capability: dict[str, tuple[int, int]] | None = None) -> dict[str, dict]:
+    data = {n: node_data(n, cluster={"split": "tensor"}) for n in NODES}
+    s = {n: parse_host(n, d) for n, d in data.items()}
+    roles = resolve(s, ADDR)
+    out = {}
+    for n in NODES:
+        g = tuple(x.__class__(**{**x.__dict__, "compute_capability": (capability or {}).get(n, (9, 0))})
+                  for x in gpus(n_gpus[n]))
+        p = plan_host(n, s[n], HostFacts(gpus=g, interfaces={ADDR[n]: "ens5", "127.0.0.1": "lo"}), ENV,
+                      {"default": HEADS}, choose_variant=fake_variant, node=roles[n])
+        i = p.instances[0]
+        out[n] = (roles[n], shape(p.release, (pythons or {}).get(n, "3.13"), len(i.gpu_indexes),
+                                  i.tensor_parallel, i.pipeline_parallel, i.dtype))
+    return out
+
+
+def test_nodes_whose_facts_agree_start_one_engine() -> None:
+    out = node_shapes({"gpu-a": 8, "gpu-b": 8})
+    assert disagreements(out["gpu-b"][0], out["gpu-b"][1], {"gpu-a": out["gpu-a"][1]}) == []
+
+
+def test_a_node_with_other_gpus_or_another_python_is_refused_naming_both_nodes_and_what_to_change() -> None:
+    """The inventory agrees (no gpus list: each node takes all of its own); the facts do not: 8 GPUs on
+    the head make tensor parallelism 16 there, 4 on the worker make it 8, so the group would never form."""
+    out = node_shapes({"gpu-a": 8, "gpu-b": 4}, pythons={"gpu-b": "3.11"})
+    role, mine = out["gpu-b"]
+    found = disagreements(role, mine, {"gpu-a": out["gpu-a"][1]})
+    assert [p.split(":")[2].split(" is ")[0].strip() for p in found] == ["python", "gpus", "tensor_parallel"]
+    assert found[1] == ("gpu-b: cluster 'big': gpus is 4 here and 8 on gpu-a; every node of a group starts "
+                        "the same engine (each node computes its share of the world size from its own GPUs: "
+                        "give every node the same number (vllm.instances[].gpus))")
+    # the node planned first has nothing to compare with; the head is named when it was planned
+    assert disagreements(out["gpu-a"][0], out["gpu-a"][1], {}) == []
+
+
+def test_gpus_that_pick_another_dtype_are_a_disagreement() -> None:
+    out = node_shapes({"gpu-a": 8, "gpu-b": 8}, capability={"gpu-b": (7, 5)})
+    found = disagreements(out["gpu-b"][0], out["gpu-b"][1], {"gpu-a": out["gpu-a"][1]})
+    assert len(found) == 1 and "dtype is 'float16' here and 'bfloat16' on gpu-a" in found[0]

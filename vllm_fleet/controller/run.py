@@ -56,6 +56,8 @@ class FleetRun:
     results: list[SmokeResult] = field(default_factory=list)  # every host's smoke results
     # node group (NodeRole.store) -> what its head decided: "ok", "rollback" or "failed"
     outcome: dict[str, str] = field(default_factory=dict)
+    # node group (NodeRole.store) -> node -> what its plan starts (cluster.shape), for cluster.disagreements
+    shapes: dict[str, dict[str, dict[str, object]]] = field(default_factory=dict)
     # node group -> some node's files changed in this run; read when the operations execute
     cluster_changed: dict[str, bool] = field(default_factory=dict)
     balancers: dict[str, Balancer] | None = None  # host -> its load balancer, validated once

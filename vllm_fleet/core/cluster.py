@@ -149,3 +149,40 @@ def resolve(specs: Mapping[str, HostSpec], ssh_hostnames: Mapping[str, str | Non
     if problems:
         raise SpecError(problems)
     return roles
+
+
+# Why nodes that agree in the inventory can still start different engines: what each node's own facts
+# decide. Field -> what to change.
+_SHAPE_ADVICE = {
+    "release": "the build each node's driver allows differs: pin vllm.variant for the group's hosts",
+    "python": "vLLM and torch come from one lock per Python version: put the group's nodes on one OS "
+              "release",
+    "gpus": "each node computes its share of the world size from its own GPUs: give every node the same "
+            "number (vllm.instances[].gpus)",
+    "tensor_parallel": "each node computes its share of the world size from its own GPUs: give every node "
+                       "the same number (vllm.instances[].gpus)",
+    "pipeline_parallel": "set pipeline parallelism the same on every node",
+    "dtype": "the GPUs' compute capability picks bf16 or fp16: set flags.dtype for the group",
+}
+
+
+def shape(release: str, python: str, gpus: int, tensor_parallel: int, pipeline_parallel: int,
+          dtype: str) -> dict[str, object]:
+    """What a node's plan starts, as far as its facts decide it (the inventory's part is _same's)."""
+    return {"release": release, "python": python, "gpus": gpus, "tensor_parallel": tensor_parallel,
+            "pipeline_parallel": pipeline_parallel, "dtype": dtype}
+
+
+def disagreements(node: NodeRole, mine: Mapping[str, object],
+                  planned: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """`node`'s shape against the nodes of its group planned before it in this run (the head first when
+    it was): vLLM starts one engine across them, so a difference fails at start-up (a world size the
+    nodes disagree on hangs the group) instead of at plan time."""
+    me = node.nodes[node.rank]
+    others = [n for n in node.nodes if n in planned and n != me]
+    if not others:
+        return []
+    other = others[0]
+    return [f"{me}: cluster '{node.cluster}': {key} is {value!r} here and {planned[other][key]!r} on "
+            f"{other}; every node of a group starts the same engine ({_SHAPE_ADVICE[key]})"
+            for key, value in mine.items() if planned[other].get(key) != value]
