@@ -16,6 +16,7 @@ route to PyPI. The hosts run one after the other (9 GiB installed each), lab5 re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -24,10 +25,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import fleetlab as lab
 from fleetlab import gpusim, pypimirror
 from tests.hosts.conftest import ROOT, deploy, on, unit_props
+from vllm_fleet.core.flags import ServeFlags, render_flags
+from vllm_fleet.core.layout import HOST_TOOLS, STAGED
 from vllm_fleet.core.lock import Lock, broken_pairs
 
 INVENTORY = str(Path(__file__).with_name("inventory_stage.py"))
@@ -146,6 +150,57 @@ def test_a_second_host_installs_the_same_lock_from_the_mirror_with_no_wheel_over
     check = _host_check("lab6")
     assert check.startswith("cuda 13.0 vllm 0.33.0 quant Fp8Config AutoAWQConfig"), check
     assert "accepted (parser; no GPU is visible on this host" in out
+
+
+# Off on 0.33 (#34): what the config says, what the release's own parser takes
+OFF_FLAGS = {"enable_prefix_caching": False, "enable_chunked_prefill": False, "enforce_eager": False,
+             # inverse aliases and the hidden form, as an operator may write them in extra_args
+             "extra_args": {"enable-cascade-attn": True, "disable-prompt-embeds": True,
+                            "enable-sleep-mode": False, "no-enable-mfu-metrics": True}}
+OFF_MEANS = {"disable-prefix-caching": ["enable-prefix-caching", False],
+             "disable-chunked-prefill": ["enable-chunked-prefill", False],
+             "no-enforce-eager": ["enforce-eager", False],
+             "enable-cascade-attn": ["disable-cascade-attn", False],
+             "disable-prompt-embeds": ["enable-prompt-embeds", False],
+             "disable-sleep-mode": ["enable-sleep-mode", False],
+             "no-enable-mfu-metrics": ["enable-mfu-metrics", False]}
+HIDDEN = ("from vllm.entrypoints.cli.serve import ServeSubcommand\n"
+          "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+          "p = FlexibleArgumentParser(prog='vllm'); sub = p.add_subparsers(dest='subcommand')\n"
+          "ServeSubcommand().subparser_init(sub); s = sub.choices['serve']\n"
+          "listed = {o for a in s._actions for o in a.option_strings}\n"
+          "known = s._option_string_actions\n"
+          "print('--no-enable-prefix-caching' in listed, '--no-enable-prefix-caching' in known,"
+          " '--disable-prefix-caching' in known)\n")
+
+
+def test_off_is_off_on_0_33_as_its_own_parser_reads_the_config(lab6):
+    """The staged 0.33.0 (its parser only: no GPU is visible) checks the staged config with every boolean
+    turned off, rendered by the toolkit for 0.33.0 (`disable-x`, the form its help shows), and inverse
+    aliases and the hidden `no-enable-x` form in extra_args. Before, the host check knew only the actions'
+    option_strings, which 0.33 keeps `--no-enable-x` out of: off was refused. The release itself shows it."""
+    def slow(command: str, stdin: str | None = None) -> str:  # a CUDA build's first import is slow
+        return lab.ssh(lab6, command, timeout=600, stdin=stdin).stdout
+
+    hidden = slow(f"VLLM_TARGET_DEVICE=cpu {RELEASE}/bin/python -c {shlex.quote(HIDDEN)} 2>/dev/null")
+    assert hidden.split()[-3:] == ["False", "True", "True"], hidden  # hidden from the lists, still taken
+    config = yaml.safe_load(on("lab6", f"cat {STAGED}/default.yaml"))
+    off = render_flags(ServeFlags(**OFF_FLAGS), "0.33.0", "cuda")
+    assert {k: v for k, v in off.items() if k in OFF_MEANS} == {k: True for k in OFF_MEANS}
+    config.update(off)
+    check = (f"{RELEASE}/bin/python {HOST_TOOLS}/validate_serve.py /root/off/{{}}.yaml --device cuda 2>&1; "
+             "echo rc=$?")
+    slow("mkdir -p /root/off && cat > /root/off/default.yaml", stdin=yaml.safe_dump(config))
+    out = slow(check.format("default"))
+    assert out.strip().endswith("rc=0"), out[-3000:]
+    assert "accepted (parser; no GPU is visible on this host" in out, out[-3000:]
+    found = json.loads(on("lab6", "cat /root/off/default.yaml.at-default"))
+    assert {k: v for k, v in found["settings"].items() if k in OFF_MEANS} == OFF_MEANS
+    # one setting twice is refused naming both keys
+    slow("cat > /root/off/twice.yaml", stdin=yaml.safe_dump({**config, "no-enable-prefix-caching": True}))
+    out = slow(check.format("twice"))
+    assert out.strip().endswith("rc=1"), out[-2000:]
+    assert "are both set: they are one setting of vLLM's (enable-prefix-caching)" in out, out[-2000:]
 
 
 def test_a_deploy_after_stage_switches_and_restarts_without_building_or_validating_again(deployed):
