@@ -144,3 +144,8 @@ def test_a_release_without_facts_turns_off_with_the_no_form() -> None:
     assert flags.off_key("enable-prefix-caching", "9.9.9") == "no-enable-prefix-caching"
     assert flags.off_key("disable-log-stats", "0.33.0") == "enable-log-stats"
     assert flags.field_of("enable-log-stats", True) == ("enable_log_stats", True)  # not a typed field
+
+
+def test_help_in_a_config_is_never_run_by_the_check() -> None:
+    p = serve_parser("0.33")
+    assert meanings({"help": True}, options_of(p), p) == {"help": ("help", True)}

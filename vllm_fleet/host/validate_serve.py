@@ -124,10 +124,12 @@ def meanings(config: dict, options: dict[str, argparse.Action], parser: argparse
     out = {}
     for key, value in config.items():
         action = options[f"--{key}"]
-        if value is True and action.nargs == 0:
+        # help and version print and exit: never run here (vLLM's parser refuses them in a config later)
+        if (value is True and action.nargs == 0
+                and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
             scratch = argparse.Namespace()
             action(parser, scratch, [], f"--{key}")
-            value = getattr(scratch, action.dest)
+            value = getattr(scratch, action.dest, value)
         out[key] = (action.dest.replace("_", "-"), value)
     return out
 
