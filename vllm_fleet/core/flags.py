@@ -101,7 +101,9 @@ class ServeFlags(BaseModel):
     from: vLLM's default
     """
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, json_schema_extra=_meta(platforms=("cuda",)))
-    """CUDA only; always rendered, so the memory preflight sizes with the value vLLM uses
+    """CUDA only; always rendered, so the memory preflight sizes with the value vLLM uses. vLLM's own
+    default is 0.92 up to 0.33; 0.34 leaves it unset and resolves it at start (1.0 with its extensible KV
+    cache, the default on CUDA, else 0.92), so 0.90 here leaves a tenth of the GPU to other processes
 
     from: the project's starting value, vLLM's before 0.92 became its default
     """
