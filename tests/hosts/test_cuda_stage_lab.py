@@ -29,6 +29,7 @@ import yaml
 
 import fleetlab as lab
 from fleetlab import gpusim, pypimirror
+from tests.hosts import test_release_matrix as release_matrix
 from tests.hosts.conftest import ROOT, deploy, on, unit_props
 from vllm_fleet.core.flags import ServeFlags, render_flags
 from vllm_fleet.core.layout import HOST_TOOLS, STAGED
@@ -203,6 +204,11 @@ def test_off_is_off_on_0_33_as_its_own_parser_reads_the_config(lab6):
     assert out.strip().endswith("rc=1"), out[-2000:]
     assert "are both set: they are one setting of vLLM's (enable-prefix-caching)" in out, out[-2000:]
 
+
+def test_the_release_matrix_on_the_staged_0_33(lab6):
+    """tests/hosts/test_release_matrix.py's settings, rendered for 0.33.0 (inverse aliases included),
+    each taken by the staged release's parser exactly as the plan says."""
+    print("\n".join(release_matrix.check(lab6, f"{RELEASE}/bin/python", "0.33.0", "cuda", "cuda")))
 
 def test_a_deploy_after_stage_switches_and_restarts_without_building_or_validating_again(deployed):
     """On a serving CPU host: stage a changed flag (the old process keeps serving), then deploy it."""
