@@ -36,7 +36,9 @@ import re
 import sys
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 MEMBER = "vllm/v1/metrics/loggers.py"
 TABLE = Path(__file__).resolve().parent.parent / "vllm_fleet" / "data" / "metrics.toml"
@@ -169,30 +171,42 @@ def render(table: dict[str, tuple[str, dict[str, dict[str, str]]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def table_cli(doc: str, table_path: Path, read: Callable[[str], tuple[str, Any, str]],
+              render_table: Callable[[dict[str, tuple[str, Any]]], str]) -> int:
+    """The release-table scripts' command line: each RELEASE=WHEEL (or release, with --pypi) read by
+    `read(wheel)` -> (source, facts, a line for the operator); the table printed, or written."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("wheels", nargs="*", help="RELEASE=WHEEL (a path or URL), or a release with --pypi")
     ap.add_argument("--pypi", action="store_true", help="the arguments are releases: read PyPI's wheels")
-    ap.add_argument("--write", action="store_true", help=f"write {TABLE.relative_to(TABLE.parents[2])}")
+    ap.add_argument("--write", action="store_true",
+                    help=f"write {table_path.relative_to(table_path.parents[2])}")
     args = ap.parse_args()
-    table: dict[str, tuple[str, dict[str, dict[str, str]]]] = {}
+    table: dict[str, tuple[str, Any]] = {}
     for arg in args.wheels:
         release, wheel = (arg, pypi_wheel(arg)) if args.pypi else arg.split("=", 1)
-        text, source, http = member_text(wheel)
-        found = metrics(text)
-        if http:
-            found |= {name: {"kind": kind, "condition": ""} for name, kind in INSTRUMENTATOR_METRICS.items()}
-        table[release] = (source, found)
-        hidden = sum(1 for m in table[release][1].values() if m["condition"])
-        print(f"{release}: {len(table[release][1])} metrics ({hidden} conditional) from {source}",
-              file=sys.stderr)
-    out = render(table)
+        source, facts, line = read(wheel)
+        table[release] = (source, facts)
+        print(f"{release}: {line} from {source}", file=sys.stderr)
+    out = render_table(table)
     if args.write:
-        TABLE.write_text(out)
-        print(f"wrote {TABLE}", file=sys.stderr)
+        table_path.write_text(out)
+        print(f"wrote {table_path}", file=sys.stderr)
     else:
         sys.stdout.write(out)
     return 0
+
+
+def _read(wheel: str) -> tuple[str, dict[str, dict[str, str]], str]:
+    text, source, http = member_text(wheel)
+    found = metrics(text)
+    if http:
+        found |= {name: {"kind": kind, "condition": ""} for name, kind in INSTRUMENTATOR_METRICS.items()}
+    hidden = sum(1 for m in found.values() if m["condition"])
+    return source, found, f"{len(found)} metrics ({hidden} conditional)"
+
+
+def main() -> int:
+    return table_cli(__doc__ or "", TABLE, _read, render)
 
 
 if __name__ == "__main__":

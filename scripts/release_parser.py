@@ -19,7 +19,6 @@ one member.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from release_metrics import RangeFile, pypi_wheel  # noqa: E402
+from release_metrics import RangeFile, table_cli  # noqa: E402
 
 MEMBERS = ("vllm/utils/argparse_utils.py", "vllm/utils/__init__.py", "vllm/utils.py")
 TABLE = Path(__file__).resolve().parent.parent / "vllm_fleet" / "data" / "parser.toml"
@@ -94,25 +93,14 @@ def render(table: dict[str, tuple[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read(wheel: str) -> tuple[str, dict, str]:
+    text, source = read(wheel)
+    facts = negation(text)
+    return source, facts, str(facts)
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("wheels", nargs="*", help="RELEASE=WHEEL (a path or URL), or a release with --pypi")
-    ap.add_argument("--pypi", action="store_true", help="the arguments are releases: read PyPI's wheels")
-    ap.add_argument("--write", action="store_true", help=f"write {TABLE.relative_to(TABLE.parents[2])}")
-    args = ap.parse_args()
-    table: dict[str, tuple[str, dict]] = {}
-    for arg in args.wheels:
-        release, wheel = (arg, pypi_wheel(arg)) if args.pypi else arg.split("=", 1)
-        text, source = read(wheel)
-        table[release] = (source, negation(text))
-        print(f"{release}: {table[release][1]} from {source}", file=sys.stderr)
-    out = render(table)
-    if args.write:
-        TABLE.write_text(out)
-        print(f"wrote {TABLE}", file=sys.stderr)
-    else:
-        sys.stdout.write(out)
-    return 0
+    return table_cli(__doc__ or "", TABLE, _read, render)
 
 
 if __name__ == "__main__":
