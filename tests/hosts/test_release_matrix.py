@@ -31,14 +31,15 @@ TYPED = (
      "shutdown_timeout": 0, "gpu_memory_utilization": 0.66, "dtype": "bfloat16", "kv_cache_dtype": "auto",
      "distributed_executor_backend": "mp", "served_model_name": "matrix-2", "host": "::1"},
 )
-# extra_args every release of the table takes, both ways where they are booleans
+# extra_args every release read takes, both ways where they are booleans (none of them one that widens
+# what a key holder reaches: the inventory asks for `widen` for those, docs/security.md)
 EXTRA = (
     {"disable-sliding-window": True, "disable-cascade-attn": True, "enable-prompt-embeds": True,
-     "enable-sleep-mode": True, "enable-log-requests": True, "max-logprobs": 7, "seed": 3,
+     "enable-sleep-mode": True, "enable-server-load-tracking": True, "max-logprobs": 7, "seed": 3,
      "long-prefill-token-threshold": 64, "uvicorn-log-level": "warning", "generation-config": "vllm",
      "max-parallel-loading-workers": 2, "enable-mfu-metrics": True},
     {"disable-sliding-window": False, "disable-cascade-attn": False, "enable-prompt-embeds": False,
-     "enable-sleep-mode": False, "enable-log-requests": False, "max-logprobs": 11, "seed": 5,
+     "enable-sleep-mode": False, "enable-server-load-tracking": False, "max-logprobs": 11, "seed": 5,
      "long-prefill-token-threshold": 128, "uvicorn-log-level": "error", "generation-config": "auto",
      "max-parallel-loading-workers": 3, "enable-mfu-metrics": False},
 )
