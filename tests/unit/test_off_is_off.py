@@ -149,3 +149,15 @@ def test_a_release_without_facts_turns_off_with_the_no_form() -> None:
 def test_help_in_a_config_is_never_run_by_the_check() -> None:
     p = serve_parser("0.33")
     assert meanings({"help": True}, options_of(p), p) == {"help": ("help", True)}
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+def test_the_plans_checks_read_rendered_flags_as_settings_on_every_release(release) -> None:
+    """core/startup.py reads the rendered flags through flags.settings_of: off is False whichever way the
+    release spells it, and an extra_args `no-` form is its setting off too."""
+    f = flags.ServeFlags(enable_prefix_caching=False, enable_chunked_prefill=False, max_num_seqs=4,
+                         extra_args={"no-enable-mfu-metrics": True})
+    got = flags.settings_of(flags.render_flags(f, release, "cpu"))
+    assert got["enable-prefix-caching"] is False and got["enable-chunked-prefill"] is False
+    assert got["enforce-eager"] is False and got["trust-remote-code"] is False
+    assert got["enable-mfu-metrics"] is False and got["max-num-seqs"] == 4

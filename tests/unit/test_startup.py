@@ -386,6 +386,10 @@ def test_scheduler_rules_on_cpu_and_with_explicit_budgets() -> None:
                "flags.max_num_batched_tokens")
     assert "max_num_batched_tokens (8192) is smaller than max_model_len (131072)" in line
     assert refusals(flags(max_num_batched_tokens=8192), model_config=llama) == []  # chunked prefill on
+    # 0.33 on: the config says `disable-chunked-prefill: true`, which is the same setting turned off
+    off33 = flags(version="0.33.0", max_num_batched_tokens=8192, enable_chunked_prefill=False)
+    assert off33.get("disable-chunked-prefill") is True
+    one(refusals(off33, version="0.33.0", model_config=llama), "flags.max_num_batched_tokens")
     long = one(refusals(flags(max_model_len=4096, extra_args={"long-prefill-token-threshold": 8192}),
                         model_config=llama), "flags.extra_args.long-prefill-token-threshold")
     assert "long_prefill_token_threshold (8192) cannot be greater than the max_model_len (4096)" in long

@@ -17,7 +17,7 @@ import difflib
 import ipaddress
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
@@ -384,6 +384,20 @@ def field_of(key: str, value: object) -> tuple[str, object]:
             if key.startswith(off) and base in typed:
                 return base.replace("-", "_"), False
     return key.replace("-", "_"), value
+
+
+def settings_of(rendered: Mapping[str, object]) -> dict[str, object]:
+    """Rendered flags as the settings they are, kebab-case: `no-x: true` is x off, and a typed field's off
+    form on a release that pairs its flags (`disable-prefix-caching: true`) is that field off."""
+    out: dict[str, object] = {}
+    for key, value in rendered.items():
+        name, meant = field_of(key, value)
+        setting = name.replace("_", "-")
+        if setting == key and key.startswith("no-") and value is True:
+            out[key.removeprefix("no-")] = False
+        else:
+            out[setting] = meant
+    return out
 
 
 def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[str, Scalar | list[Scalar]]:

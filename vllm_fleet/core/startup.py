@@ -33,7 +33,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from vllm_fleet.core import sizing
-from vllm_fleet.core.flags import ServeFlags, version_tuple
+from vllm_fleet.core.flags import ServeFlags, settings_of, version_tuple
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.modelinfo import (
     ContextLength,
@@ -43,7 +43,6 @@ from vllm_fleet.core.modelinfo import (
     from_config,
     text_config,
 )
-from vllm_fleet.host.effective import expected
 
 if TYPE_CHECKING:
     from vllm_fleet.core.hostfacts import VllmHostFacts
@@ -149,7 +148,7 @@ class Inputs:
 
     host: str
     inst_name: str
-    # rendered, with `no-x: true` read as `x: False` (vllm_fleet.host.effective.expected)
+    # rendered, read as settings: `no-x: true` and (0.33 on) `disable-x: true` are x off (flags.settings_of)
     flags: Mapping[str, Any]
     version: str
     accelerator: str
@@ -641,10 +640,11 @@ def startup_refusals(host: str, inst_name: str, flags: Mapping[str, Any], *, vll
     """Every refusal vLLM would make at start-up that the plan can decide, one line each; [] when none.
 
     ``flags`` are the instance's rendered flags (InstancePlan.flags: kebab-case, planner values and
-    extra_args included, off written ``no-<flag>: true``: exactly what vLLM reads); ``gpus`` the
-    instance's GPUs (CUDA_VISIBLE_DEVICES order); ``model_config`` its config.json (None for hub
-    models: the model checks are skipped); ``cpu_flags`` /proc/cpuinfo's flags; ``environment`` the
-    unit's environment; ``ports`` the host's ports (None: the port checks are skipped).
+    extra_args included, off written as the release spells it, ``no-x`` or ``disable-x``: exactly what
+    vLLM reads); ``gpus`` the instance's GPUs (CUDA_VISIBLE_DEVICES order); ``model_config`` its
+    config.json (None for hub models: the model checks are skipped); ``cpu_flags`` /proc/cpuinfo's
+    flags; ``environment`` the unit's environment; ``ports`` the host's ports (None: the port checks
+    are skipped).
     """
     info = None
     if model_config:
@@ -652,6 +652,6 @@ def startup_refusals(host: str, inst_name: str, flags: Mapping[str, Any], *, vll
             info = from_config(model_config)
         except ModelInfoError:
             info = None
-    x = Inputs(host, inst_name, expected(flags), vllm_version, accelerator, tuple(gpus), model_config,
+    x = Inputs(host, inst_name, settings_of(flags), vllm_version, accelerator, tuple(gpus), model_config,
                frozenset(cpu_flags), environment or {}, ports, info)
     return [line for check in CHECKS for line in check(x)]
