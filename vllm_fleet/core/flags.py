@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -360,6 +361,16 @@ def parser_facts() -> dict[str, dict[str, Any]]:
     """How each release's parser turns a boolean off (vllm_fleet/data/parser.toml, read from the
     wheels by scripts/release_parser.py)."""
     return tomllib.loads(resources.files("vllm_fleet.data").joinpath("parser.toml").read_text())["release"]
+
+
+@cache
+def release_options(vllm_version: str) -> dict[str, dict[str, Any]] | None:
+    """Every option string of that release's `vllm serve`, hidden ones included, with the setting each
+    is (vllm_fleet/data/options/<release>.json, read by the release itself: scripts/release_options.py);
+    None for a release that was not read."""
+    name = ".".join(str(p) for p in version_tuple(vllm_version)) + ".json"
+    found = resources.files("vllm_fleet.data").joinpath("options").joinpath(name)
+    return json.loads(found.read_text())["options"] if found.is_file() else None
 
 
 def off_key(key: str, vllm_version: str) -> str:

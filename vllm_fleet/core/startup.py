@@ -33,7 +33,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from vllm_fleet.core import sizing
-from vllm_fleet.core.flags import ServeFlags, settings_of, version_tuple
+from vllm_fleet.core.flags import ServeFlags, did_you_mean, release_options, settings_of, version_tuple
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.modelinfo import (
     ContextLength,
@@ -158,6 +158,7 @@ class Inputs:
     environment: Mapping[str, str]
     ports: HostPorts | None
     info: ModelInfo | None = field(default=None)
+    rendered: tuple[str, ...] = ()  # the rendered keys as written, for the option check
 
     def where(self, name: str) -> str:
         """The inventory path of a flag: a typed field, or an extra_args entry."""
@@ -622,7 +623,20 @@ def check_executor(x: Inputs) -> list[str]:
     return []
 
 
+def check_known_options(x: Inputs) -> list[str]:
+    """vLLM's parser stops at an option it does not have (\"unrecognized arguments\"), and the host check
+    refuses it ("vLLM does not know these flags"): decided here from the release's own option list
+    (flags.release_options), before any host is touched. A release not read is left to the host check."""
+    options = release_options(x.version)
+    if options is None:
+        return []
+    return [f"{x.where(key)}: {x.vllm} has no --{key}{did_you_mean(key, options)}; allowed: an option of "
+            f"{x.vllm}'s `vllm serve`"
+            for key in x.rendered if key not in options]
+
+
 CHECKS: tuple[Check, ...] = (
+    check_known_options,
     check_quantization_method, check_quantization_checkpoint, check_quantization_deprecated,
     check_quantization_gpu, check_quantization_dtype, check_max_model_len, check_dtype_model,
     check_dtype_gpu, check_kv_cache_dtype_gpu, check_kv_cache_dtype_cpu, check_batched_tokens,
@@ -653,5 +667,5 @@ def startup_refusals(host: str, inst_name: str, flags: Mapping[str, Any], *, vll
         except ModelInfoError:
             info = None
     x = Inputs(host, inst_name, settings_of(flags), vllm_version, accelerator, tuple(gpus), model_config,
-               frozenset(cpu_flags), environment or {}, ports, info)
+               frozenset(cpu_flags), environment or {}, ports, info, tuple(flags))
     return [line for check in CHECKS for line in check(x)]
