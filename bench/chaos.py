@@ -50,8 +50,10 @@ INVENTORY = str(ROOT / "tests/hosts/inventory.py")
 BIN = Path(sys.executable).parent
 FAULTS = ("sigkill", "two-deploys", "deploy-and-rollback", "kill-vllm-in-smoke", "link-cut", "power-cut")
 SEQS = (4, 5, 6, 7, 8)  # the lab's own is 8
+POWER = threading.Lock()
+RUNNING: dict[str, list[subprocess.Popen]] = {}  # host -> this round's runs, for cleanup
 WAITED = "the host lease is held by deploy: "  # the line of a run that waits (roles/lease.py)
-REFUSED = re.compile(r"the host lease is held by .*; waited \d+ s, nothing was changed")
+REFUSED = re.compile(r"the host lease is held by .*; waited [\d.]+ s, nothing was changed")
 TTL = "8"  # a killed controller's lease expires quickly here; the default is 60 s
 
 
@@ -67,6 +69,7 @@ def start(host: str, what: str, seqs: int | None = None) -> subprocess.Popen:
     proc = subprocess.Popen([str(BIN / "pyinfra"), "-y", "--limit", host, INVENTORY, deploy], cwd=ROOT,
                             env=env, text=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     proc.log = log  # type: ignore[attr-defined]
+    RUNNING.setdefault(host, []).append(proc)
     return proc
 
 
@@ -139,8 +142,11 @@ def pair_violations(outcomes: list[dict], live: str) -> list[str]:
     config (so the host serves the waiter's), or was refused naming the holder and changed nothing."""
     ok = [o for o in outcomes if o["rc"] == 0]
     failed = [o for o in outcomes if o["rc"] != 0]
-    if any(not o["refused"] for o in failed):
-        return [f"a deploy of the pair failed without naming the lease's holder: {failed[0]['tail'][-300:]}"]
+    unnamed = [o for o in failed if not o["refused"]]
+    if unnamed:
+        return [f"a deploy of the pair failed without naming the lease's holder: {unnamed[0]['tail'][-300:]}"]
+    if not ok:
+        return ["both deploys of the pair were refused: neither held the lease"]
     waited = [o for o in ok if o["waited"]]
     if len(ok) == 2 and len(waited) != 1:
         return [f"both deploys exited 0 but {len(waited)} of them waited for the other's lease"]
@@ -150,6 +156,7 @@ def pair_violations(outcomes: list[dict], live: str) -> list[str]:
 
 
 def run_round(rng: random.Random, host: str, fault: str) -> dict:
+    RUNNING[host] = []
     before = live_seqs(host)
     choices = [str(s) for s in SEQS if str(s) != before]
     a, b = rng.sample(choices, 2)
@@ -186,9 +193,12 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
         time.sleep(rng.uniform(1, 40))
         landed = p.poll() is None
         box = lab.LabHost(int(host.removeprefix("lab")))
-        lab.power_cut(box)
-        settle_runs([p])
-        lab.power_on(box, log=lambda *_: None)
+        # one host off at a time: fleetlab's boot rewrites the lab's host list from the hosts alive then,
+        # so a host booting while another is off would drop that one from the lab
+        with POWER:
+            lab.power_cut(box)
+            settle_runs([p])
+            lab.power_on(box, log=lambda *_: None)
         # the host boots on what its disk holds; the next run takes the dead run's lease over and converges
         follow = start(host, "deploy", int(b))
         runs.append(("deploy", b, follow, time.monotonic()))
@@ -235,6 +245,18 @@ def run_round(rng: random.Random, host: str, fault: str) -> dict:
             "rcs": [o["rc"] for o in outcomes], "violations": violations}
 
 
+def cleanup(host: str) -> None:
+    """After a round the harness could not finish: the host's runs stopped, its link up, it powered on."""
+    for proc in RUNNING.pop(host, []):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    subprocess.run(["ip", "link", "set", f"ve-{host}", "up"], capture_output=True)
+    with POWER:
+        lab.power_on(lab.LabHost(int(host.removeprefix("lab"))), log=lambda *_: None)
+    settle(host, [])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
@@ -244,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated; FAULT:N weighs one N times (two-deploys:3)")
     args = ap.parse_args(argv)
     hosts = args.hosts.split(",")
+    if len(set(hosts)) != len(hosts):
+        ap.error("--hosts: each host once (its rounds run one after the other)")
     faults = [name for spec in args.faults.split(",")
               for name, _, n in [spec.partition(":")] for _ in range(int(n or 1))]
     unknown = sorted(set(faults) - set(FAULTS))
@@ -264,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = run_round(rng, host, fault)
             except Exception as e:  # noqa: BLE001  (a round the harness could not check is a violation)
-                r = {"landed": True, "before": "?", "live": "?", "rcs": [], "violations": [f"harness: {e!r}"]}
+                r = {"landed": False, "before": "?", "live": "?", "rcs": [],
+                     "violations": [f"harness: {e!r}"]}
+                cleanup(host)
             with printing:
                 kinds[fault] += 1
                 landed[fault] += r["landed"]
