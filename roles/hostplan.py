@@ -139,13 +139,16 @@ def _required(spec: HostSpec | None, check_secrets: bool) -> HostSpec:
     return spec
 
 
-def plan_this_host(spec: HostSpec | None = None,
-                   hub_reads: bool = True) -> tuple[HostPlan, VllmHostFacts]:
+def plan_this_host(spec: HostSpec | None = None, hub_reads: bool = True,
+                   group_check: bool = False) -> tuple[HostPlan, VllmHostFacts]:
+    """`group_check`: a change is planned (deploy, stage), so a node group's nodes must agree on what
+    their facts decide; status and rollback read and restore, and must work on a group that drifted."""
     spec = _required(spec, True)
     facts, vh = host_facts(spec)
     try:
         plan = plan_for(spec, facts, os.environ, hub_reads)
-        agrees_with_group(plan, vh)
+        if group_check:
+            agrees_with_group(plan, vh)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None
     for w in plan.warnings:
@@ -169,7 +172,9 @@ def plan_for(spec: HostSpec, facts: HostFacts, environ: Mapping[str, str],
 def agrees_with_group(plan: HostPlan, vh: VllmHostFacts) -> None:
     """A node's plan against the nodes of its group planned before it in this run: what each node's own
     facts decide (its build, Python, GPUs, dtype) must agree, as the inventory's part already does
-    (cluster.resolve). The first node to differ is refused; the others then stop at the group barrier."""
+    (cluster.resolve). The first node to differ is refused; the others then stop at the group barrier.
+    Asked where a change is planned (deploy, stage) and by `vllm-fleet plan`, never by status, rollback
+    or the monitoring commands, which must work on a group that drifted."""
     node = current().nodes.get(host.name)
     if node is None or not plan.instances:
         return
@@ -194,10 +199,8 @@ def controller_environ(spec: HostSpec) -> dict[str, str]:
 def plan_without_secrets(spec: HostSpec | None = None) -> HostPlan:
     """The deploy's own plan for this host, for read-only work that needs no key on the controller."""
     spec = _required(spec, False)
-    facts, vh = host_facts(spec)
+    facts, _ = host_facts(spec)
     try:
-        plan = plan_for(spec, facts, controller_environ(spec), hub_reads=False)
-        agrees_with_group(plan, vh)
-        return plan
+        return plan_for(spec, facts, controller_environ(spec), hub_reads=False)
     except SpecError as e:
         raise Refused("refused, nothing was changed:\n  " + "\n  ".join(e.problems)) from None

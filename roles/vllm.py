@@ -128,7 +128,7 @@ def _prepared(live: bool = True) -> tuple[HostPlan, VllmHostFacts] | None:
         return None
     lease.take("deploy" if live else "stage")  # before any fact: what it plans from is not mid-change
     lease.confirm_op()
-    plan, vh = plan_this_host(spec)
+    plan, vh = plan_this_host(spec, group_check=True)
     prefetch([tuple(d for _, d in install.tool_files(live)),
               *[tuple(d for _, d in model.files(i)) for i in plan.instances],
               *[service.instance_paths(i) for i in plan.instances]])

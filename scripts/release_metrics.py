@@ -160,7 +160,7 @@ def render(table: dict[str, tuple[str, dict[str, dict[str, str]]]]) -> str:
         "# started with --show-hidden-metrics-for-version). http_request* are",
         "# prometheus-fastapi-instrumentator's, listed when the release's API server registers it.",
     ]
-    for release in sorted(table, key=lambda v: tuple(int(p) for p in v.split("."))):
+    for release in sorted(table, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v))):
         source, names = table[release]
         lines += ["", f'[release."{release}"]', f"source = {json.dumps(source)}", ""]
         for name in sorted(names):
@@ -179,7 +179,8 @@ def table_cli(doc: str, table_path: Path, read: Callable[[str], tuple[str, Any, 
     ap.add_argument("wheels", nargs="*", help="RELEASE=WHEEL (a path or URL), or a release with --pypi")
     ap.add_argument("--pypi", action="store_true", help="the arguments are releases: read PyPI's wheels")
     ap.add_argument("--write", action="store_true",
-                    help=f"write {table_path.relative_to(table_path.parents[2])}")
+                    help=f"write {table_path.relative_to(table_path.parents[2])} with the releases given "
+                         "(all of them: the file is the table)")
     args = ap.parse_args()
     table: dict[str, tuple[str, Any]] = {}
     for arg in args.wheels:

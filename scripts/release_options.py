@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -84,6 +85,11 @@ def dump(python: str) -> dict:
     return json.loads(line.removeprefix("##OPTIONS "))
 
 
+def _release(version: str) -> str:
+    """'0.33.0+cu130' or '0.33.0.post1' -> '0.33.0' (vllm_fleet.core.flags.version_tuple's reading)."""
+    return ".".join(re.findall(r"\d+", version.split("+")[0])[:3])
+
+
 def render(found: dict) -> str:
     """One option a line, sorted: a new release's file diffs against the last one line by line."""
     lines = [f' "source": {json.dumps(found["source"])},', f' "vllm": {json.dumps(found["vllm"])},',
@@ -102,7 +108,7 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="write vllm_fleet/data/options/<release>.json")
     args = ap.parse_args()
     found = dump(args.python)
-    if not found["vllm"].startswith(args.release):
+    if _release(found["vllm"]) != _release(args.release):
         raise SystemExit(f"{args.python} runs vLLM {found['vllm']}, not {args.release}")
     found["source"] = args.source or args.python
     hidden = sum(1 for o in found["options"].values() if o.get("hidden"))
@@ -111,7 +117,7 @@ def main() -> int:
     text = render(found)
     if args.write:
         OUT_DIR.mkdir(parents=True, exist_ok=True)
-        (OUT_DIR / f"{args.release}.json").write_text(text)
+        (OUT_DIR / f"{_release(args.release)}.json").write_text(text)  # as flags.release_options reads it
     else:
         sys.stdout.write(text)
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -83,7 +84,7 @@ def render(table: dict[str, tuple[str, dict]]) -> str:
         "# `--enable-x` with `--disable-x` (inverse_prefixes), else `no-x: true`.",
         "# no_form_hidden: `--no-enable-x` is still accepted but hidden from help and option_strings.",
     ]
-    for release in sorted(table, key=lambda v: tuple(int(p) for p in v.split("."))):
+    for release in sorted(table, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v))):
         source, facts = table[release]
         inverse = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
                             for k, v in facts["inverse_prefixes"].items())

@@ -163,7 +163,7 @@ OFF_MEANS = {"disable-prefix-caching": ["enable-prefix-caching", False],
              "no-enforce-eager": ["enforce-eager", False],
              "enable-cascade-attn": ["disable-cascade-attn", False],
              "disable-prompt-embeds": ["enable-prompt-embeds", False],
-             "disable-sleep-mode": ["enable-sleep-mode", False],
+             "no-enable-sleep-mode": ["enable-sleep-mode", False],
              "no-enable-mfu-metrics": ["enable-mfu-metrics", False]}
 HIDDEN = ("from vllm.entrypoints.cli.serve import ServeSubcommand\n"
           "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"

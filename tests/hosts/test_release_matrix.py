@@ -45,7 +45,7 @@ EXTRA = (
 )
 # from 0.33: `--enable-x`'s inverse `--disable-x` (and the reverse), as an operator may write them
 PAIRED_ALIASES = ({"enable-cascade-attn": True, "disable-prompt-embeds": True},
-                  {"disable-sleep-mode": False, "enable-sliding-window": True})
+                  {"disable-sleep-mode": True, "enable-sliding-window": True})
 
 
 def _stem(key: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.core import flags, variants
+from vllm_fleet.core.startup import startup_refusals
 from vllm_fleet.host import effective
 from vllm_fleet.host.validate_serve import _at_default, _parsed, meanings, options_of
 
@@ -131,7 +132,8 @@ def test_off_is_rendered_as_the_releases_parser_spells_it_and_read_back_as_the_f
     assert {k: v for k, v in out.items() if "prefix" in k or "chunked" in k} == off
     assert out["no-enforce-eager"] is True  # not an enable-/disable- flag: `--no-` on every release
     paired = release >= "0.33.0"
-    assert (out.get("disable-log-outputs") if paired else out.get("no-enable-log-outputs")) is True
+    # an extra_args key keeps `no-<key>` on every release: its inverse alias is another option's name
+    assert out.get("no-enable-log-outputs") is True and "disable-log-outputs" not in out
     back = dict(flags.field_of(k, v) for k, v in out.items())
     assert back["enable_prefix_caching"] is False and back["enable_chunked_prefill"] is False
     # and the release's own parser (0.33's action, or argparse's) reads each off key as the field off
@@ -161,3 +163,32 @@ def test_the_plans_checks_read_rendered_flags_as_settings_on_every_release(relea
     assert got["enable-prefix-caching"] is False and got["enable-chunked-prefill"] is False
     assert got["enforce-eager"] is False and got["trust-remote-code"] is False
     assert got["enable-mfu-metrics"] is False and got["max-num-seqs"] == 4
+
+
+def test_an_extra_args_key_turned_off_is_never_rendered_as_another_options_name() -> None:
+    """`disable-log-requests: false` means prompt logging on; rendered as 0.33's inverse alias it would be
+    `enable-log-requests: true`, which the inventory asks a widen acknowledgement for. It stays
+    `no-disable-log-requests`, an option 0.33 does not have, so the plan refuses it."""
+    out = flags.render_flags(flags.ServeFlags(extra_args={"disable-log-requests": False}), "0.33.0", "cuda")
+    assert "enable-log-requests" not in out and out.get("no-disable-log-requests") is True
+    refused = startup_refusals("gpu-1", "default", out, vllm_version="0.33.0", accelerator="cuda")
+    assert any("vLLM 0.33.0 has no --no-disable-log-requests" in line for line in refused), refused
+
+
+def test_the_inverse_alias_of_a_typed_flag_in_extra_args_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="is enable-prefix-caching the other way round, which has a typed"):
+        flags.ServeFlags(extra_args={"disable-prefix-caching": True})
+
+
+def test_an_option_that_exits_while_read_is_a_refusal_not_an_acceptance() -> None:
+    class Exits(argparse.Action):
+        def __init__(self, option_strings, dest, **kw):
+            super().__init__(option_strings, dest, nargs=0, **kw)
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.exit(0)
+
+    p = serve_parser("0.32")
+    p.add_argument("--show-and-exit", action=Exits)
+    with pytest.raises(ValueError, match="--show-and-exit: vLLM's option could not be read"):
+        meanings({"show-and-exit": True}, options_of(p), p)

@@ -276,6 +276,11 @@ class ServeFlags(BaseModel):
                 base = flag.removeprefix("no-")
                 raise ValueError(f"@{name}: turns off {base}, which has a typed field: set "
                                  f"{base.replace('-', '_')}: False instead")
+            for off, on in (("disable-", "enable-"), ("enable-", "disable-")):
+                base = on + flag.removeprefix(off)
+                if flag.startswith(off) and base in typed:  # 0.33's inverse alias of a typed flag
+                    raise ValueError(f"@{name}: is {base} the other way round, which has a typed field: "
+                                     f"set {base.replace('-', '_')} instead")
             flag = flag.removeprefix("no-")
             if flag in typed:
                 raise ValueError(f"@{name}: has a typed field, set {flag.replace('-', '_')} instead")
@@ -430,16 +435,18 @@ def render_flags(flags: ServeFlags, vllm_version: str, platform: str) -> dict[st
             continue
         put_flag(out, name.replace("_", "-"), value, flag_meta(name)["negatable"], vllm_version)
     for key, value in flags.extra_args.items():
-        # the host check refuses an off form the installed vLLM has no option for
-        put_flag(out, key, value, True, vllm_version)
+        # off stays `no-<key>`: an inverse alias is another option's name, which the inventory's checks
+        # (widen) never saw; the plan and the host check refuse `no-<key>` where the release lacks it
+        put_flag(out, key, value, True, None)
     return out
 
 
 def put_flag(out: dict[str, Scalar | list[Scalar]], key: str, value: Scalar | list[Scalar],
-             negatable: bool, vllm_version: str) -> None:
-    """One flag as render_flags writes it: off as its release's off key, or left out (not negatable)."""
+             negatable: bool, vllm_version: str | None) -> None:
+    """One flag as render_flags writes it: off as its release's off key (`no-<key>` without a release),
+    or left out (not negatable)."""
     if value is False:
         if negatable:
-            out[off_key(key, vllm_version)] = True
+            out[off_key(key, vllm_version) if vllm_version else f"no-{key}"] = True
         return
     out[key] = value

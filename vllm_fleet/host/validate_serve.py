@@ -128,7 +128,10 @@ def meanings(config: dict, options: dict[str, argparse.Action], parser: argparse
         if (value is True and action.nargs == 0
                 and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
             scratch = argparse.Namespace()
-            action(parser, scratch, [], f"--{key}")
+            try:
+                action(parser, scratch, [], f"--{key}")
+            except BaseException as e:  # an action that exits or raises: never read as accepted
+                raise ValueError(f"--{key}: vLLM's option could not be read ({type(e).__name__})") from None
             value = getattr(scratch, action.dest, value)
         out[key] = (action.dest.replace("_", "-"), value)
     return out
@@ -238,6 +241,8 @@ def _main(argv: list[str]) -> int:
     options = options_of(serve)
     with open(path) as f:
         config = yaml.safe_load(f) or {}
+    if not isinstance(config, dict):
+        return _refuse(f"the file holds a {type(config).__name__}, not a mapping of options")
     unknown = [k for k in config if f"--{k}" not in options]
     if unknown:
         off = [k for k in unknown
@@ -246,7 +251,10 @@ def _main(argv: list[str]) -> int:
                 "their default)") if off else ""
         print(f"vLLM does not know these flags: {', '.join(unknown)}{hint}", file=sys.stderr)
         return 1
-    meant = meanings(config, options, serve)
+    try:
+        meant = meanings(config, options, serve)
+    except ValueError as e:
+        return _refuse(str(e))
     by_setting: dict[str, list[str]] = {}
     for key, (setting, _) in meant.items():
         by_setting.setdefault(setting, []).append(key)
