@@ -29,7 +29,7 @@ import yaml
 
 import fleetlab as lab
 from fleetlab import gpusim, pypimirror
-from tests.hosts import test_release_matrix as release_matrix
+from tests.hosts import test_validated_releases as release_matrix
 from tests.hosts.conftest import ROOT, deploy, on, unit_props
 from vllm_fleet.core.flags import ServeFlags, render_flags
 from vllm_fleet.core.layout import HOST_TOOLS, STAGED
@@ -206,7 +206,7 @@ def test_off_is_off_on_0_33_as_its_own_parser_reads_the_config(lab6):
 
 
 def test_the_release_matrix_on_the_staged_0_33(lab6):
-    """tests/hosts/test_release_matrix.py's settings, rendered for 0.33.0 (inverse aliases included),
+    """tests/hosts/test_validated_releases.py's settings, rendered for 0.33.0 (inverse aliases included),
     each taken by the staged release's parser exactly as the plan says."""
     print("\n".join(release_matrix.check(lab6, f"{RELEASE}/bin/python", "0.33.0", "cuda", "cuda")))
 

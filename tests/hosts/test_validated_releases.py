@@ -86,8 +86,8 @@ def check(host: lab.LabHost, python: str, release: str, platform: str, device: s
 
 
 def test_every_cpu_release_on_the_lab_takes_the_matrix_as_the_plan_says(deployed):
-    """lab1's CPU releases: 0.32.0, and 0.31.0 where an earlier test installed it (the upgrade and
-    rollback tests do)."""
+    """lab1's CPU releases: 0.32.0, and 0.31.0, which tests/hosts/test_safe_change.py installs (this
+    file's name sorts after it, so a full run reads both)."""
     host = lab.LabHost(1)
     have = lab.ssh(host, "ls /opt/vllm/releases").stdout.split()
     assert "0.32.0-cpu" in have, have
