@@ -58,6 +58,11 @@ def version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
 
 
+def release_of(v: str) -> str:
+    """'0.32.0+cpu' -> '0.32.0': the key the per-release data files use."""
+    return ".".join(str(x) for x in version_tuple(v))
+
+
 # The drain a restart gives in-flight requests: vLLM waits up to this long on SIGTERM, and the unit's
 # TimeoutStopSec is this + 30 s. vLLM's own default (0) aborts them.
 SHUTDOWN_TIMEOUT_S = 30
@@ -373,7 +378,7 @@ def release_options(vllm_version: str) -> dict[str, dict[str, Any]] | None:
     """Every option string of that release's `vllm serve`, hidden ones included, with the setting each
     is (vllm_fleet/data/options/<release>.json, read by the release itself: scripts/release_options.py);
     None for a release that was not read."""
-    name = ".".join(str(p) for p in version_tuple(vllm_version)) + ".json"
+    name = release_of(vllm_version) + ".json"
     found = resources.files("vllm_fleet.data").joinpath("options").joinpath(name)
     return json.loads(found.read_text())["options"] if found.is_file() else None
 
@@ -383,7 +388,7 @@ def off_key(key: str, vllm_version: str) -> str:
     `enable-x` (and `enable-x` for `disable-x`) where the release pairs them (0.33 on, whose `--no-`
     form is hidden, kept for backwards compatibility only), else `no-x`. A release without facts gets
     `no-x`, which every release read so far takes; the host check has the last word either way."""
-    facts = parser_facts().get(".".join(str(p) for p in version_tuple(vllm_version)), {})
+    facts = parser_facts().get(release_of(vllm_version), {})
     for prefix, inverse in facts.get("inverse_prefixes", {}).items():
         if f"--{key}".startswith(prefix):
             return inverse.removeprefix("--") + f"--{key}".removeprefix(prefix)

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from vllm_fleet.core import lb
-from vllm_fleet.core.flags import version_tuple
+from vllm_fleet.core.flags import release_of, version_tuple
 
 DASHBOARD_FILE = "vllm-fleet-dashboard.json"
 RULES_FILE = "vllm-fleet-rules.yml"
@@ -118,7 +118,7 @@ def names_for(fleet: Fleet, key: str, user: str) -> tuple[str, ...]:
     used: list[str] = []
     for release in fleet.releases:
         # a post or local release (0.34.0.post1, 0.34.0+cu129) registers what its base release does
-        have = facts.get(release) or facts.get(".".join(map(str, version_tuple(release))))
+        have = facts.get(release) or facts.get(release_of(release))
         if have is None:
             known = ", ".join(sorted(facts, key=version_tuple))
             raise ObserveError(f"no metric facts for vLLM {release}: this vllm-fleet does not know "

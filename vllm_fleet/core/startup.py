@@ -33,7 +33,14 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from vllm_fleet.core import sizing
-from vllm_fleet.core.flags import ServeFlags, did_you_mean, release_options, settings_of, version_tuple
+from vllm_fleet.core.flags import (
+    ServeFlags,
+    did_you_mean,
+    release_of,
+    release_options,
+    settings_of,
+    version_tuple,
+)
 from vllm_fleet.core.gpus import Gpu
 from vllm_fleet.core.modelinfo import (
     ContextLength,
@@ -176,7 +183,7 @@ class Inputs:
 
     @property
     def release(self) -> str:
-        return ".".join(str(x) for x in version_tuple(self.version))
+        return release_of(self.version)
 
     @property
     def vllm(self) -> str:
