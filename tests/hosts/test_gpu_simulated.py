@@ -201,8 +201,9 @@ def test_a_node_group_whose_nodes_facts_differ_is_refused_at_plan_time(simulated
     """Both GPUs SIMULATED: lab1 replays the 1x H100 capture (driver 590.48.01), lab2 the 4x A100 one
     (driver 555.42.02). The inventory agrees (one cluster, no gpus list: each node takes all of its own);
     the facts do not: lab2's driver allows only the CUDA 12.9 build, and its 4 GPUs make another tensor
-    parallel size. The plan refuses the node that differs, naming both nodes and what to change, before
-    any host is touched."""
+    parallel size. The plan refuses the node that differs from the nodes planned before it (pyinfra
+    plans the hosts at once, so either may be first), naming both nodes and what to change, before any
+    host is touched."""
     simulated_gpu(capture=H100, host="lab1")
     simulated_gpu(capture=A100X4)
     group = {name: {**lab_cluster_vllm(i, ["lab1", "lab2"]), "accelerator": "cuda",
@@ -212,8 +213,13 @@ def test_a_node_group_whose_nodes_facts_differ_is_refused_at_plan_time(simulated
     out = _plan({"__replace__": group})
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
-    assert "lab2: cluster 'pair': release is '0.32.0-cu129' here and '0.32.0-cu130' on lab1" in text, \
-        text[-3000:]
-    assert ("lab2: cluster 'pair': gpus is 4 here and 1 on lab1; every node of a group starts the same "
-            "engine (each node computes its share") in text
+    release = {"lab1": "0.32.0-cu130", "lab2": "0.32.0-cu129"}
+    gpus = {"lab1": 1, "lab2": 4}
+    said = [(here, there) for here, there in (("lab1", "lab2"), ("lab2", "lab1"))
+            if f"{here}: cluster 'pair': release is '{release[here]}' here and '{release[there]}' on "
+               f"{there}; every node of a group starts the same engine" in text]
+    assert len(said) == 1, text[-3000:]
+    here, there = said[0]
+    assert (f"{here}: cluster 'pair': gpus is {gpus[here]} here and {gpus[there]} on {there}; every node of "
+            "a group starts the same engine (each node computes its share") in text
     assert "Traceback" not in text
