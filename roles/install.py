@@ -20,6 +20,7 @@ from pyinfra.operations import python, server
 
 import vllm_fleet.host
 from vllm_fleet.controller import locks, wheels
+from vllm_fleet.core import render
 from vllm_fleet.core.hostfacts import VllmHostFacts
 from vllm_fleet.core.layout import (
     BASE_DIRS,
@@ -46,7 +47,7 @@ HOST_SRC = Path(vllm_fleet.host.__file__).resolve().parent  # the host-side scri
 # stdlib-only scripts from fleet/ that run on the host (the validator imports effective.py beside it,
 # the watchdog metrics.py)
 HOST_SCRIPTS = ("hoststate.py", "validate_serve.py", "effective.py", "watchdog.py", "metrics.py",
-                "hubfetch.py", "asuser.py", "lease.py")
+                "hubfetch.py", "asuser.py", "lease.py", "validate_in_unit.py")
 LIVE_SCRIPTS = ("watchdog.py", "metrics.py")  # run by the watchdog timer of a serving instance
 # the key guard vLLM imports (--middleware): alone in its own directory, under its module's name
 KEYGUARD_FILE = (str(HOST_SRC / "keyguard.py"), f"{KEYGUARD_DIR}/{KEYGUARD_MODULE}.py")
@@ -301,14 +302,18 @@ def switch(plan: HostPlan, current: str | None) -> OperationMeta | None:
 def validate(plan: HostPlan, inst: InstancePlan, staged_config: str, staged_environment: str, marker: bytes,
              marker_path: str) -> None:
     """The new release's own vLLM checks the staged config; a rejection stops this host right here.
-    It runs with the unit's environment (roles/service.py validator_environment), read from a
-    staged root-only file. A pass leaves `marker` (service.validation_marker) so the same config, with
-    the same release, is not validated twice."""
-    command = (f"{plan.release_dir}/bin/python {HOST_TOOLS}/validate_serve.py {staged_config}"
-               + (" --api-key-expected" if inst.key_guarded else "")
-               + (f" --engine-as {VLLM_USER}" if inst.hub is not None else "")  # the snapshot is in its cache
-               + f" --environment {staged_environment} --device {plan.install_spec.build.accelerator}"
-               + f" && (umask 077 && printf %s {shlex.quote(marker.decode())} > {marker_path})")
+    It runs as the service will (vllm_fleet/host/validate_in_unit.py): the vllm user, in the unit's
+    sandbox, with the unit's settings file as it will be (secrets left out). A pass leaves `marker`
+    (service.validation_marker) so the same config, with the same release, is not validated twice."""
+    command = shlex.join([
+        HOST_PYTHON, f"{HOST_TOOLS}/validate_in_unit.py", staged_config,
+        "--python", f"{plan.release_dir}/bin/python", "--validator", f"{HOST_TOOLS}/validate_serve.py",
+        "--environment", staged_environment, "--instance", inst.name, "--user", VLLM_USER,
+        *(a for prop in render.validator_properties(plan, inst) for a in ("-p", prop)),
+        "--", *(["--api-key-expected"] if inst.key_guarded else []),
+        "--model-on-disk",  # staged, fetched or the host's own before this step: the service must read it
+        "--device", plan.install_spec.build.accelerator])
+    command += f" && (umask 077 && printf %s {shlex.quote(marker.decode())} > {marker_path})"
     python.call(name=f"vLLM {plan.vllm_version} validates {inst.name}'s config", function=_validate,
                 command=command, label=f"{inst.name} with {plan.release}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Mapping
 from typing import TypedDict
@@ -21,22 +20,19 @@ from vllm_fleet.core.layout import STAGED
 from vllm_fleet.core.plan import HostPlan, InstancePlan
 from vllm_fleet.roles.ops import Content, Secret, marker_path, stale, synced_files
 
-# vLLM reads its config's settings from these, but as root they would put caches into vllm's home
-_NOT_FOR_ROOT = {"HOME", "HF_HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"}
 
-
-def validator_environment(inst: InstancePlan) -> dict[str, str]:
-    """The unit's environment without secrets and without the vllm user's home: vLLM reads settings
-    from it while building its config (VLLM_ENABLE_V1_MULTIPROCESSING decides whether the CPU
-    platform keeps the "uni" executor); HOME and HF_HOME stay root's."""
-    return {k: v for k, v in inst.environment.items() if k not in _NOT_FOR_ROOT}
+def staged_environment(inst: InstancePlan) -> str:
+    """The validator's environment: the unit's settings file as it will be, without the secrets' file.
+    vLLM reads settings from it while building its config (VLLM_ENABLE_V1_MULTIPROCESSING decides
+    whether the CPU platform keeps the "uni" executor)."""
+    return f"{STAGED}/{inst.name}.environment"
 
 
 def instance_paths(inst: InstancePlan) -> tuple[str, ...]:
     """Every file of an instance, compared in one remote command."""
     return (inst.config_path, inst.env_path, inst.environment_path, f"/etc/systemd/system/{inst.unit}",
             inst.hub_token_path,
-            f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json", validated_path(inst),
+            f"{STAGED}/{inst.name}.yaml", staged_environment(inst), validated_path(inst),
             *(f"/etc/systemd/system/{u}" for u in inst.watchdog_units))
 
 
@@ -46,19 +42,20 @@ def validated_path(inst: InstancePlan) -> str:
 
 def validation_marker(plan: HostPlan, inst: InstancePlan, lock: str) -> bytes:
     """What a passed validation leaves beside the staged config: the release and its lock, the
-    validator's own code, and the digests of what it read. A later run where all are the same (a deploy
-    after `vllm-fleet stage`) does not validate again; a release rebuilt from another lock, or a
-    vllm-fleet whose validator changed, does."""
+    validator's own code, and the digests of what it read and where it ran (the unit's sandbox). A later
+    run where all are the same (a deploy after `vllm-fleet stage`) does not validate again; a release
+    rebuilt from another lock, a changed sandbox, or a vllm-fleet whose validator changed, does."""
     config = hashlib.sha256(render.serve_config(plan, inst).encode()).hexdigest()
-    environment = hashlib.sha256(json.dumps(validator_environment(inst), sort_keys=True).encode()).hexdigest()
-    return f"{plan.release} lock {lock} validator {_VALIDATOR} {config} {environment}\n".encode()
+    environment = hashlib.sha256(render.environment_file(inst).encode()).hexdigest()
+    sandbox = hashlib.sha256("\n".join(render.validator_properties(plan, inst)).encode()).hexdigest()[:16]
+    return f"{plan.release} lock {lock} validator {_VALIDATOR} {config} {environment} {sandbox}\n".encode()
 
 
 def _validator_digest() -> str:
     from vllm_fleet.roles.install import HOST_SRC
 
     h = hashlib.sha256()
-    for name in ("validate_serve.py", "effective.py", "asuser.py"):
+    for name in ("validate_serve.py", "effective.py", "validate_in_unit.py"):
         h.update((HOST_SRC / name).read_bytes())
     return h.hexdigest()[:16]
 
@@ -92,10 +89,8 @@ def stage_config(plan: HostPlan, inst: InstancePlan, release_changing: bool) -> 
             or stale([(environment, inst.environment_path)], "root", "root", "600", paths)
             or release_changing):
         return False
-    # the validator's environment as a file, so no value reaches root's argv
-    staged = [(content, f"{STAGED}/{inst.name}.yaml"),
-              (json.dumps(validator_environment(inst), sort_keys=True).encode(),
-               f"{STAGED}/{inst.name}.environment.json")]
+    # the validator's environment as a file systemd reads, so no value reaches an argv
+    staged = [(content, f"{STAGED}/{inst.name}.yaml"), (environment, staged_environment(inst))]
     if stale(staged, "root", "root", "600", paths):
         synced_files(name=f"staged config {inst.name}", files=staged, mode="600", paths=paths)
     return True
@@ -113,7 +108,7 @@ def remove(unit: str, watchdogs: Mapping[str, Mapping[str, str]]) -> list:
     for path in (f"/etc/systemd/system/{unit}", f"/etc/vllm/{name}.yaml", f"/etc/vllm/{name}.env",
                  f"/etc/vllm/{name}{TOKEN_SUFFIX}", marker_path(f"/etc/vllm/{name}{TOKEN_SUFFIX}"),
                  f"/etc/vllm/{name}.environment", marker_path(f"/etc/vllm/{name}.env"),
-                 f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.environment.json",
+                 f"{STAGED}/{name}.yaml", f"{STAGED}/{name}.environment", f"{STAGED}/{name}.environment.json",
                  f"{STAGED}/{name}.yaml.at-default", f"{STAGED}/{name}.yaml.routes.json",
                  f"{STAGED}/{name}.validated"):
         ops.append(files.file(name=f"remove {path}", path=path, present=False))

@@ -55,7 +55,7 @@ def validate_staged(plan: HostPlan, inst: InstancePlan, release_changing: bool, 
     staged = service.stage_config(plan, inst, release_changing)
     marker = service.validation_marker(plan, inst, lock)
     if staged and not service.validated(inst, marker):
-        install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml", f"{STAGED}/{inst.name}.environment.json",
+        install.validate(plan, inst, f"{STAGED}/{inst.name}.yaml", service.staged_environment(inst),
                          marker, service.validated_path(inst))
     return staged
 

@@ -231,7 +231,8 @@ def test_a_hub_model_is_fetched_after_the_build_and_before_validation_and_restar
             "/etc/vllm/default.hub.env --file config.json --file model.safetensors --file "
             "tokenizer/tokenizer.json") in fetch
     validate = next(c for n, c in ops_ if n.startswith("vLLM 0.32.0 validates"))
-    assert "--engine-as vllm" in validate[0]  # the snapshot is read as the user whose cache it is
+    # the whole check runs as the service (the user whose cache holds the snapshot), in its sandbox
+    assert "--user vllm" in validate[0] and "-p ProtectHome=yes" in validate[0], validate[0]
 
 
 def test_a_host_holding_the_snapshot_fetches_nothing_and_one_without_room_is_refused(monkeypatch):

@@ -98,9 +98,10 @@ def test_the_validator_is_told_whether_a_key_is_expected(monkeypatch) -> None:
     without = make_plan({"model": M, "api_key_env": None})
     install.validate(with_key, with_key.instances[0], "/staged.yaml", "/staged.json", b"m\n", "/m")
     install.validate(without, without.instances[0], "/staged.yaml", "/staged.json", b"m\n", "/m")
-    assert f"/staged.yaml {KEY_EXPECTED} --environment /staged.json --device" in sent[0]
+    assert f"-- {KEY_EXPECTED} --model-on-disk --device" in sent[0]
     assert KEY_EXPECTED not in sent[1]
-    # neither a key nor any environment value is in root's argv: the environment comes from a file
+    # neither a key nor any environment value is in an argv: systemd reads the environment from a file
+    assert "--environment /staged.json" in sent[0]
     assert "sk-" not in " ".join(sent) and "VLLM_HOST_IP" not in " ".join(sent)
 
 

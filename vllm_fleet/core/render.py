@@ -85,6 +85,12 @@ def sandbox_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
             if not line.startswith("#") and line.split("=", 1)[0] in keys and "=" in line]
 
 
+def validator_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
+    """Where a deploy's validator runs (vllm_fleet/host/validate_in_unit.py): the unit's working directory
+    and sandbox, so what the service could not reach fails the check, not the restarted service."""
+    return [f"WorkingDirectory={STATE_DIR}", *sandbox_properties(plan, inst)]
+
+
 def watchdog_units(inst: InstancePlan) -> tuple[str, str]:
     """(service, timer) file contents of the instance's watchdog; the instance must have one."""
     from vllm_fleet.host.watchdog import RESTART, STATE_NAME, UNIT_STATE, holders_command

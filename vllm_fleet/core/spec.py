@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from vllm_fleet.core.flags import WIDENING_FLAGS, Seq, ServeFlags, did_you_mean
+from vllm_fleet.host import effective
 
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 INSTANCE_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
@@ -158,6 +159,10 @@ class ModelSpec(BaseModel):
             # root reads it (the host fact, the validator): the vllm user could plant links or code there
             raise ValueError(f"host_path {self.host_path} is inside {VLLM_WRITABLE}, which the vllm user "
                              "can write: put the model where only root writes (e.g. /opt/vllm/models/...)")
+        if self.host_path and effective.hidden_by_sandbox(os.path.normpath(self.host_path)):
+            raise ValueError(f"host_path {self.host_path}: the service would not find it: "
+                             f"{effective.SANDBOX_HIDES}; put the model where only root writes "
+                             "(e.g. /opt/vllm/models/...)")
         return self
 
 
@@ -263,6 +268,18 @@ class InstanceSpec(BaseModel):
                 raise ValueError(f"@flags.extra_args.{name}: {self.flags.extra_args[name]!r} would serve a "
                                  "whole system directory to every key holder; name the media directory "
                                  "itself")
+        return self
+
+    @model_validator(mode="after")
+    def _paths_the_service_can_see(self) -> InstanceSpec:
+        """A path the unit's sandbox hides would pass nowhere but in a root shell: the host check, run as
+        the service, finds it missing; said here, before any host is touched."""
+        for name, value in self.flags.extra_args.items():
+            hidden = [p for p in effective.config_paths(name, value) if effective.hidden_by_sandbox(p)]
+            if hidden:
+                raise ValueError(f"@flags.extra_args.{name}: the service would not find {hidden[0]}: "
+                                 f"{effective.SANDBOX_HIDES}; put it where the vllm user reads it "
+                                 "(/etc/vllm, or beside the model)")
         return self
 
     @field_validator("gpus")

@@ -20,6 +20,54 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+# The options whose value is a file or directory the service opens (read in vLLM 0.31-0.34's
+# engine/arg_utils.py and entrypoints/openai/cli_args.py), read the same way by the plan (core/spec.py:
+# paths the sandbox hides) and by the host check (validate_serve.py: each path opened as the service).
+# Only absolute values are paths: the others are hub ids, keywords ('auto') or inline templates. Other
+# options' JSON may hold strings that look like paths (a compile cache, a chat-template switch): those
+# are vLLM's to create or read, not files the service must find.
+READ_PATHS = frozenset({
+    "chat-template", "tokenizer", "hf-config-path", "generation-config", "allowed-local-media-path",
+    "lora-modules", "ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "tool-parser-plugin",
+    "reasoning-parser-plugin", "log-config-file", "mm-encoder-fp8-scale-path", "speculative-config",
+})
+WRITE_PATHS = frozenset({"download-dir"})  # the service writes there (created when missing)
+# JSON fields that name a path, where the option's value is an object (or a list of them)
+JSON_PATH_FIELDS = {"lora-modules": ("path",), "speculative-config": ("model", "tokenizer")}
+_LABELLED = re.compile(r"^[\w.-]+=(/.*)$")  # name=/path (LoRA modules)
+# What the unit's sandbox (templates/sandbox.j2) keeps from the service: ProtectHome=yes hides the first
+# three, PrivateTmp=yes gives it its own empty /tmp and /var/tmp.
+SANDBOX_HIDDEN = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+SANDBOX_HIDES = "the service's sandbox hides /home, /root and /run/user, and its /tmp is its own"
+
+
+def config_paths(key: str, value: Any) -> list[str]:
+    """The absolute paths one setting of a serve config names, as the service would open them."""
+    if key not in READ_PATHS and key not in WRITE_PATHS:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [p for item in value for p in config_paths(key, item)]
+    if isinstance(value, dict):
+        fields = JSON_PATH_FIELDS.get(key, ())
+        return [value[f] for f in fields if isinstance(value.get(f), str) and value[f].startswith("/")]
+    if not isinstance(value, str):
+        return []
+    text = value.strip()
+    if key in JSON_PATH_FIELDS and text[:1] in ("{", "["):
+        try:
+            return config_paths(key, json.loads(text))
+        except ValueError:
+            return []
+    if text.startswith("/"):
+        return [text]
+    labelled = _LABELLED.match(text) if key == "lora-modules" else None
+    return [labelled.group(1)] if labelled else []
+
+
+def hidden_by_sandbox(path: str) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in SANDBOX_HIDDEN)
+
+
 # Rendered flag -> (attribute of vLLM's VllmConfig, key on the engine's start-up line or None).
 # Read in vLLM 0.31-0.33: VllmConfig.__str__ (config/vllm.py) prints the keys named here.
 ENGINE: dict[str, tuple[str, str | None]] = {

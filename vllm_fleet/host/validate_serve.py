@@ -17,14 +17,20 @@ Three steps, each catching what the one before cannot:
    attention backend, a hybrid model's block size), is not built here.
 Every setting is compared by what the release's parser makes of its key (meanings): `no-enable-x`,
 `disable-x` and `enable-x` are all the setting enable-x, on or off as that parser says.
+Every file or directory the config names (a chat template, LoRA modules, a tokenizer, SSL files, media
+and download paths) must be reachable by whoever runs this: a deploy runs it as the service, in the
+unit's sandbox (validate_in_unit.py), so a path the service cannot read or write fails here, before any
+restart, not in the restarted service.
 On success it writes CONFIG.yaml.at-default: the settings equal to the parser's defaults, which vLLM's
 start-up log leaves out, and the keys whose setting their spelling does not say (both read by the check
 after the restart), and, for a key-guarded config,
 CONFIG.yaml.routes.json: the routes the app registers, which the smoke test probes without the key.
-The route is the same in vLLM 0.31-0.33.
+The route is the same in vLLM 0.31-0.33. With --findings TOKEN both are printed on stdout instead, one
+line each (`TOKEN .at-default {...}`), after every other line: a check run in the unit's sandbox has
+nowhere root reads to write them (validate_in_unit.py takes them from the lines).
 
-Usage: python validate_serve.py CONFIG.yaml [--api-key-expected] [--environment ENV.json]
-                                            [--engine-as USER] [--device cuda|cpu]
+Usage: python validate_serve.py CONFIG.yaml [--api-key-expected] [--findings TOKEN] [--model-on-disk]
+                                [--device cuda|cpu]
        (exit 0 = accepted; 1 = rejected, reason on stderr)
 """
 
@@ -49,8 +55,8 @@ else:
 
 # The plan guards the instance with its key (InstancePlan.key_guarded); the key itself never comes here.
 KEY_EXPECTED = "--api-key-expected"
-ENVIRONMENT = "--environment"
-ENGINE_AS = "--engine-as"  # the engine config is built as this user (a model in its own cache)
+FINDINGS = "--findings"  # the findings as stdout lines starting with this run's token
+MODEL_ON_DISK = "--model-on-disk"  # the deploy staged or fetched the model: one the service cannot read fails
 GUARD = "vllm_fleet_keyguard.KeyGuard"  # core/plan.py's KEYGUARD: what --middleware must hold with a key
 DEVICE = "--device"  # the build's accelerator (cuda, cpu): a CUDA build checked where no GPU is visible
 
@@ -82,7 +88,7 @@ def ticking(label: str, every: float = 3.0):
 
     done, t0 = threading.Event(), time.monotonic()
 
-    def tick() -> None:  # os.write, not print: a fork meanwhile (asuser.run_as) inherits no held lock
+    def tick() -> None:  # os.write, not print: no buffered line is lost or doubled when the process ends
         while not done.wait(every):
             os.write(1, f"{label}: {time.monotonic() - t0:.0f} s\n".encode())
 
@@ -93,6 +99,15 @@ def ticking(label: str, every: float = 3.0):
     finally:
         done.set()
         thread.join()
+
+
+def _user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def _refuse(msg: str) -> int:
@@ -194,6 +209,43 @@ _HINTS = {"distributed-executor-backend": " (the CPU platform keeps 'uni' only w
                                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 in the instance's env)"}
 
 
+def _reach(path: str) -> str | None:
+    """Why this process cannot use `path`, or None."""
+    hint = f" ({effective.SANDBOX_HIDES})" if effective.hidden_by_sandbox(path) else ""
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            with open(path, "rb") as f:
+                f.read(1)
+    except FileNotFoundError:
+        return f"not found where the service runs{hint}"
+    except OSError as e:
+        return f"the service's user cannot read it ({e.strerror})"
+    return None
+
+
+def _writable(path: str) -> str | None:
+    """Why this process cannot write at `path` (created when missing: its nearest existing parent)."""
+    probe = path
+    while not os.path.exists(probe) and probe != "/":
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK):
+        return f"the service's user cannot write there ({probe} is read-only to it)"
+    return None
+
+
+def unreachable(config: dict) -> list[str]:
+    """`key: path: why` for each path the config names that this process cannot read (or write)."""
+    out = []
+    for key, value in config.items():
+        for path in dict.fromkeys(effective.config_paths(key, value)):
+            why = _writable(path) if key in effective.WRITE_PATHS else _reach(path)
+            if why:
+                out.append(f"{key}: {path}: {why}")
+    return out
+
+
 def _engine_check(ns: argparse.Namespace, want: dict) -> dict[str, Any]:
     """vLLM's engine config built as `vllm serve` builds it (the API server's defaults, headless for
     workers), compared with the file: {"error": why} or {"diff": [...]}."""
@@ -212,15 +264,21 @@ def _engine_check(ns: argparse.Namespace, want: dict) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    findings: dict[str, Any] = {}
     with ticking(f"validating {os.path.basename(argv[0])}"):
-        return _main(argv)
+        rc = _main(argv, findings)
+    if rc == 0:
+        token = argv[argv.index(FINDINGS, 1) + 1] if FINDINGS in argv[1:-1] else None
+        for suffix, value in findings.items():  # after the ticks stopped: no line is split by one
+            if token:
+                print(f"{token} {suffix} {json.dumps(value)}", flush=True)
+            else:
+                with open(f"{argv[0]}{suffix}", "w") as f:
+                    json.dump(value, f)
+    return rc
 
 
-def _main(argv: list[str]) -> int:
-    if ENVIRONMENT in argv[1:-1]:
-        # the unit's environment without secrets, from a root-only file: no value in root's argv
-        with open(argv[argv.index(ENVIRONMENT, 1) + 1]) as f:
-            os.environ.update(json.load(f))
+def _main(argv: list[str], findings: dict[str, Any]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a check never downloads
     device = argv[argv.index(DEVICE, 1) + 1] if DEVICE in argv[1:-1] else None
     # a CUDA build where no GPU is visible: the parser's checks run on vLLM's CPU platform, and the
@@ -279,50 +337,45 @@ def _main(argv: list[str]) -> int:
     off_plan = plan_refusals(want, ns, serve.get_default, key_expected)
     if off_plan:
         return _refuse("vLLM's parser made these differ from the plan: " + "; ".join(off_plan))
+    blocked = unreachable(config)
+    if blocked:
+        return _refuse(f"the service could not use what these name, as user {_user()}: " + "; ".join(blocked))
     try:  # what `vllm serve` checks right after parsing (tool-call parser, chat template, ...)
         with contextlib.redirect_stdout(io.StringIO()):
             ServeSubcommand().validate(ns)
     except Exception as e:
         return _refuse(f"vLLM would refuse to start: {_one_line(e)}")
     model = getattr(ns, "model_tag", None) or getattr(ns, "model", None)
-    # root builds the engine config, which imports a trust_remote_code model's own code: never as root
+    # building the engine config imports a trust_remote_code model's own code: that runs only in the unit
     remote_code = bool(config.get("trust-remote-code"))
+    if MODEL_ON_DISK in argv[1:] and isinstance(model, str) and model.startswith("/"):
+        # staged, fetched or already on the host: a directory the service cannot read would start nothing
+        why = _reach(model)
+        if why:
+            return _refuse(f"the service could not use its model, as user {_user()}: {model}: {why}")
     engine = bool(model and os.path.isdir(model)) and not remote_code and not no_gpu
     if engine:
         ns.model = model
-        user = argv[argv.index(ENGINE_AS, 1) + 1] if ENGINE_AS in argv[1:-1] else None
-        if user:  # a model in that user's own cache (a hub snapshot): read with its rights, never root's
-            if TYPE_CHECKING:
-                from vllm_fleet.host import asuser
-            else:
-                import asuser  # uploaded beside this script
-
-            ran = asuser.run_as(user, lambda: _engine_check(ns, want))
-            found = ran.get("result") or {"error": ran.get("error")}
-        else:
-            found = _engine_check(ns, want)
+        found = _engine_check(ns, want)
         if found.get("error"):
             return _refuse(f"vLLM would refuse to start: {found['error']}")
         if found["diff"]:
             return _refuse("vLLM would change these settings: " + "; ".join(
                 d + _HINTS.get(d.split(":", 1)[0], "") for d in found["diff"]))
-    with open(f"{path}.at-default", "w") as f:
-        json.dump({"at_default": _at_default(want, serve, ns),
-                   "settings": {k: [setting, v] for k, (setting, v) in meant.items()
-                                if (setting, v) != (k, config[k])}}, f)
+    findings[".at-default"] = {"at_default": _at_default(want, serve, ns),
+                               "settings": {k: [setting, v] for k, (setting, v) in meant.items()
+                                            if (setting, v) != (k, config[k])}}
     if config.get("middleware"):
         # the routes the key guard must cover (vllm_fleet/host/keyguard.py), listed while vLLM is imported
-        # anyway;
-        # the smoke test probes each of them without the key after the restart
+        # anyway; the smoke test probes each of them without the key after the restart
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "asgi"))
-        sys.dont_write_bytecode = True  # root leaves nothing beside the guard in vLLM's PYTHONPATH
+        sys.dont_write_bytecode = True  # nothing written beside the guard in vLLM's PYTHONPATH
         if TYPE_CHECKING:
             from vllm_fleet.host import keyguard as vllm_fleet_keyguard
         else:
             import vllm_fleet_keyguard
 
-        with open(f"{path}.routes.json", "w") as f:
-            json.dump(vllm_fleet_keyguard.routes(path), f)
+        findings[".routes.json"] = vllm_fleet_keyguard.routes(path)
     if engine:
         print("accepted (parser and engine config)")
     elif no_gpu:
