@@ -9,7 +9,7 @@ bash scripts/typecheck.sh || exit 1
 .venv/bin/pytest -q -rP -p no:cacheprovider tests/unit tests/facts || exit 1
 echo "test: fast tiers in $((SECONDS - t0)) s"
 t1=$SECONDS
-.venv/bin/pytest -v -rP -p no:cacheprovider --durations=15 tests/hosts
+.venv/bin/pytest -v -rP -p no:cacheprovider --durations=40 tests/hosts
 rc=$?
 echo "test: lab tiers in $((SECONDS - t1)) s (exit $rc); total $((SECONDS - t0)) s"
 [ "$rc" = 5 ] && { echo "test: no lab test was collected" >&2; exit 1; }
