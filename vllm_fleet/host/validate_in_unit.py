@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     token = secrets.token_hex(16)
     work = _work_dir()
     try:
-        config = os.path.join(work, "config.yaml")
+        config = os.path.join(work, os.path.basename(a.staged))  # its name in the validator's lines
         shutil.copyfile(a.staged, config)
         os.chmod(config, 0o644)  # the service reads its live config as well; no secret is in it
         command = [a.python, a.validator, config, "--findings", token, *argv[split + 1:]]
