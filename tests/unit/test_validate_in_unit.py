@@ -173,3 +173,23 @@ def test_the_sandbox_hides_what_the_plan_and_the_host_check_say() -> None:
     sandbox = environment().get_template("sandbox.j2").render().splitlines()
     assert "ProtectHome=yes" in sandbox and "PrivateTmp=yes" in sandbox
     assert set(SANDBOX_HIDDEN) == {"/home", "/root", "/run/user", "/tmp", "/var/tmp"}
+
+
+def test_root_compiles_only_the_releases_own_imported_sources(tmp_path) -> None:
+    """The check (as the service) cannot write bytecode into the root-owned release; root compiles what
+    it imported, and nothing outside the release, whatever the list names."""
+    release = tmp_path / "releases" / "r"
+    (release / "bin").mkdir(parents=True)
+    (release / "bin" / "python").symlink_to(sys.executable)
+    pkg = release / "lib" / "site-packages" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("X = 1\n")
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("Y = 2\n")
+    (pkg / "link.py").symlink_to(outside)
+    listed = [str(pkg / "mod.py"), str(outside), str(pkg / "link.py"), "/etc/passwd", str(pkg)]
+    validate_in_unit.compile_imported({".imported": json.dumps(listed).encode()},
+                                      str(release / "bin" / "python"))
+    assert [p.name.split(".")[0] for p in (pkg / "__pycache__").iterdir()] == ["mod"]
+    assert not (tmp_path / "__pycache__").exists()
+    validate_in_unit.compile_imported({".imported": b"not json"}, str(release / "bin" / "python"))

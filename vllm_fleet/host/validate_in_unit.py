@@ -34,6 +34,7 @@ import tempfile
 
 WORK = "/run/vllm-fleet/validate"
 OUTPUTS = (".at-default", ".routes.json")  # what the validator finds; the first one on every pass
+IMPORTED = ".imported"  # the release's source files the validator imported (validate_serve.IMPORTED)
 MAX_OUTPUT = 4 << 20
 TIMEOUT_S = 1800  # a validator left behind by a controller that went away is stopped
 
@@ -65,7 +66,7 @@ def read_lines(stream, token: str, echo) -> dict[str, bytes]:
             continue
         suffix, _, data = line[len(lead):].partition(b" ")
         size += len(data)
-        if suffix.decode(errors="replace") in OUTPUTS and size <= MAX_OUTPUT:
+        if suffix.decode(errors="replace") in (*OUTPUTS, IMPORTED) and size <= MAX_OUTPUT:
             found[suffix.decode()] = data.strip()
     return found
 
@@ -77,6 +78,8 @@ def put_findings(found: dict[str, bytes], staged: str) -> list[str]:
         return [f"no {OUTPUTS[0]} finding: the validator ended without its verdict"]
     problems = []
     for suffix, data in found.items():
+        if suffix not in OUTPUTS:
+            continue
         try:
             json.loads(data)
         except ValueError:
@@ -94,6 +97,24 @@ def put_findings(found: dict[str, bytes], staged: str) -> list[str]:
             f.write(found[suffix])
         os.replace(tmp, path)
     return []
+
+
+def compile_imported(found: dict[str, bytes], python: str) -> None:
+    """Bytecode for the release's modules the check imported, written by root into the root-owned
+    release: the service (which cannot write there) and every later check then load them compiled, as
+    pip-installed packages are. Only source files inside the release are compiled; compiling runs no
+    module code, and the interpreter starts isolated (-I -S: no site, no .pth files)."""
+    release = os.path.realpath(os.path.dirname(os.path.dirname(python)))
+    try:
+        listed = json.loads(found.get(IMPORTED, b"[]"))
+    except ValueError:
+        return
+    files = [f for f in listed if isinstance(f, str) and f.endswith(".py")
+             and os.path.realpath(f).startswith(release + os.sep) and os.path.isfile(f)]
+    if files:
+        subprocess.run([python, "-I", "-S", "-m", "compileall", "-q", "-i", "-"], input="\n".join(files),
+                       text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       preexec_fn=lambda: os.umask(0o022))
 
 
 def _work_dir() -> str:
@@ -138,6 +159,7 @@ def main(argv: list[str]) -> int:
         if problems:
             print(f"the validator's findings could not be taken: {'; '.join(problems)}", file=sys.stderr)
             return 2
+        compile_imported(found, a.python)
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)  # root's files only: the sandbox could write none here

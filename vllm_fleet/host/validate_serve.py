@@ -56,6 +56,7 @@ else:
 # The plan guards the instance with its key (InstancePlan.key_guarded); the key itself never comes here.
 KEY_EXPECTED = "--api-key-expected"
 FINDINGS = "--findings"  # the findings as stdout lines starting with this run's token
+IMPORTED = ".imported"  # with --findings: the release's source files imported, for their bytecode
 MODEL_ON_DISK = "--model-on-disk"  # the deploy staged or fetched the model: one the service cannot read fails
 GUARD = "vllm_fleet_keyguard.KeyGuard"  # core/plan.py's KEYGUARD: what --middleware must hold with a key
 DEVICE = "--device"  # the build's accelerator (cuda, cpu): a CUDA build checked where no GPU is visible
@@ -269,6 +270,11 @@ def main(argv: list[str]) -> int:
         rc = _main(argv, findings)
     if rc == 0:
         token = argv[argv.index(FINDINGS, 1) + 1] if FINDINGS in argv[1:-1] else None
+        if token:  # the release's modules this check imported: root compiles them (validate_in_unit)
+            findings[IMPORTED] = sorted(
+                f for m in list(sys.modules.values())
+                if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")
+                and f.startswith(sys.prefix + os.sep))
         for suffix, value in findings.items():  # after the ticks stopped: no line is split by one
             if token:
                 print(f"{token} {suffix} {json.dumps(value)}", flush=True)
