@@ -165,6 +165,14 @@ def test_a_pass_removes_a_finding_it_did_not_make(tmp_path, monkeypatch) -> None
     assert rc == 0 and not Path(f"{staged}.routes.json").exists()
 
 
+@pytest.mark.parametrize("path", ["/root/x", "//root/x", "/srv/../root/x", "/tmp", "/home/a/b"])
+def test_hidden_paths_are_read_as_the_kernel_reads_them(path: str) -> None:
+    from vllm_fleet.host.effective import hidden_by_sandbox
+
+    assert hidden_by_sandbox(path)
+    assert not hidden_by_sandbox(path.replace("root", "srv").replace("tmp", "tmpx").replace("home", "opt"))
+
+
 def test_the_sandbox_hides_what_the_plan_and_the_host_check_say() -> None:
     """effective.SANDBOX_HIDDEN is read off the unit's sandbox: ProtectHome= and PrivateTmp= in it."""
     from vllm_fleet.core.render import environment
@@ -187,9 +195,18 @@ def test_root_compiles_only_the_releases_own_imported_sources(tmp_path) -> None:
     outside = tmp_path / "elsewhere.py"
     outside.write_text("Y = 2\n")
     (pkg / "link.py").symlink_to(outside)
-    listed = [str(pkg / "mod.py"), str(outside), str(pkg / "link.py"), "/etc/passwd", str(pkg)]
+    shared = release / "lib" / "site-packages" / "shared"  # a directory others could write
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    (shared / "s.py").write_text("Z = 3\n")
+    listed = [str(pkg / "mod.py"), str(outside), str(pkg / "link.py"), "/etc/passwd", str(pkg),
+              f"{tmp_path}\n{pkg / 'mod.py'}", str(shared / "s.py"), str(pkg / ".." / "pkg" / "mod.py")]
+    taken = validate_in_unit.release_sources(listed, str(release.resolve()))
+    assert taken == [str((pkg / "mod.py").resolve())]
     validate_in_unit.compile_imported({".imported": json.dumps(listed).encode()},
                                       str(release / "bin" / "python"))
     assert [p.name.split(".")[0] for p in (pkg / "__pycache__").iterdir()] == ["mod"]
-    assert not (tmp_path / "__pycache__").exists()
+    assert not (tmp_path / "__pycache__").exists() and not (shared / "__pycache__").exists()
     validate_in_unit.compile_imported({".imported": b"not json"}, str(release / "bin" / "python"))
+    validate_in_unit.compile_imported({".imported": b'["\\u0000x.py", "\\ud800.py"]'},
+                                      str(release / "bin" / "python"))

@@ -159,7 +159,7 @@ class ModelSpec(BaseModel):
             # root reads it (the host fact, the validator): the vllm user could plant links or code there
             raise ValueError(f"host_path {self.host_path} is inside {VLLM_WRITABLE}, which the vllm user "
                              "can write: put the model where only root writes (e.g. /opt/vllm/models/...)")
-        if self.host_path and effective.hidden_by_sandbox(os.path.normpath(self.host_path)):
+        if self.host_path and effective.hidden_by_sandbox(self.host_path):
             raise ValueError(f"host_path {self.host_path}: the service would not find it: "
                              f"{effective.SANDBOX_HIDES}; put the model where only root writes "
                              "(e.g. /opt/vllm/models/...)")

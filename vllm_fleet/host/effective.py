@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -65,6 +66,7 @@ def config_paths(key: str, value: Any) -> list[str]:
 
 
 def hidden_by_sandbox(path: str) -> bool:
+    path = "/" + os.path.normpath(path).lstrip("/")  # //root/x and /srv/../root/x are /root/x
     return any(path == d or path.startswith(d + "/") for d in SANDBOX_HIDDEN)
 
 

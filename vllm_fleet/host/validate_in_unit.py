@@ -99,22 +99,53 @@ def put_findings(found: dict[str, bytes], staged: str) -> list[str]:
     return []
 
 
+# compiles the NUL-separated files on stdin; nothing of the release is imported
+_COMPILE = ("import py_compile, sys\n"
+            "for f in sys.stdin.buffer.read().decode().split('\\0'):\n"
+            "    f and py_compile.compile(f, doraise=False, quiet=2)\n")
+
+
+def release_sources(listed: object, release: str) -> list[str]:
+    """The resolved paths of the listed source files that lie inside `release` (itself resolved), in
+    directories only root writes: what root may compile. A name with a control character, or one
+    that is not a plain .py file there, is left out."""
+    if not isinstance(listed, list):
+        return []
+    out = []
+    for name in listed:
+        if not isinstance(name, str) or any(c in name for c in "\0\r\n") or name != name.strip():
+            continue
+        try:
+            path = os.path.realpath(name)
+        except (ValueError, OSError):
+            continue
+        if not (path.endswith(".py") and path.startswith(release + os.sep) and os.path.isfile(path)):
+            continue
+        d, safe = os.path.dirname(path), True
+        while safe and len(d) >= len(release):
+            st = os.lstat(d)
+            safe = st.st_uid == os.geteuid() and not st.st_mode & 0o022
+            d = os.path.dirname(d)
+        if safe:
+            out.append(path)
+    return list(dict.fromkeys(out))
+
+
 def compile_imported(found: dict[str, bytes], python: str) -> None:
     """Bytecode for the release's modules the check imported, written by root into the root-owned
     release: the service (which cannot write there) and every later check then load them compiled, as
-    pip-installed packages are. Only source files inside the release are compiled; compiling runs no
-    module code, and the interpreter starts isolated (-I -S: no site, no .pth files)."""
-    release = os.path.realpath(os.path.dirname(os.path.dirname(python)))
+    pip-installed packages are. Only resolved source files inside the release are compiled; compiling
+    runs no module code, and the interpreter starts isolated (-I -S: no site, no .pth files). Best
+    effort: it never changes the check's verdict."""
     try:
-        listed = json.loads(found.get(IMPORTED, b"[]"))
-    except ValueError:
-        return
-    files = [f for f in listed if isinstance(f, str) and f.endswith(".py")
-             and os.path.realpath(f).startswith(release + os.sep) and os.path.isfile(f)]
-    if files:
-        subprocess.run([python, "-I", "-S", "-m", "compileall", "-q", "-i", "-"], input="\n".join(files),
-                       text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                       preexec_fn=lambda: os.umask(0o022))
+        files = release_sources(json.loads(found.get(IMPORTED, b"[]")),
+                                os.path.realpath(os.path.dirname(os.path.dirname(python))))
+        if files:
+            subprocess.run([python, "-I", "-S", "-c", _COMPILE], input="\0".join(files).encode(), cwd="/",
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=600,
+                           preexec_fn=lambda: os.umask(0o022))
+    except (ValueError, OSError, subprocess.SubprocessError):
+        pass
 
 
 def _work_dir() -> str:
