@@ -124,6 +124,14 @@ def test_fake_bus_tells_an_unknown_property(fake_user_bus):
 
 
 def test_systemd_run_accepts_every_property_as_transient(fake_user_bus):
-    props = {x for p in plans().values() for x in render.sandbox_properties(p, p.instances[0])}
+    """A node group's worker too: its unit file's `IPAddressAllow=localhost ...` is refused by
+    systemd-run ("Failed to parse IP address prefix: localhost"), so the words become prefixes."""
+    from tests.unit.test_cluster import plans as cluster_plans
+
+    worker = cluster_plans()["gpu-b"]
+    every = [*plans().values(), worker]
+    props = {x for p in every for x in render.sandbox_properties(p, p.instances[0])}
+    assert "IPAddressAllow=127.0.0.0/8 ::1/128 10.1.0.11 10.1.0.12" in props
+    assert "IPAddressDeny=0.0.0.0/0 ::/0" in props
     refused = {x: why for x in sorted(props) if (why := _rejection(fake_user_bus, x))}
     assert not refused

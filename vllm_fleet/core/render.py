@@ -75,14 +75,28 @@ _CONFINING = ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ReadWritePaths",
               "IPAddressDeny", "IPAddressAllow")
 
 
+# What a unit file's IPAddressAllow=/IPAddressDeny= words mean (systemd.resource-control(5)); systemd-run's
+# property parser takes only the prefixes
+_IP_WORDS = {"any": "0.0.0.0/0 ::/0", "localhost": "127.0.0.0/8 ::1/128",
+             "link-local": "169.254.0.0/16 fe80::/64", "multicast": "224.0.0.0/4 ff00::/8"}
+
+
 def sandbox_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
     """The instance unit's hardening as `Key=value` lines, in its order, for `systemd-run -p`: read off
-    the rendered unit itself, so a transient vLLM (a bench trial) cannot drift from the real one."""
+    the rendered unit itself, so a transient vLLM (a bench trial, the check before a restart) cannot
+    drift from the real one."""
     keys = {line.split("=", 1)[0] for line in environment().get_template("sandbox.j2").render().splitlines()
             if "=" in line}
     keys.update(_CONFINING)
-    return [line for line in unit(plan, inst).splitlines()
-            if not line.startswith("#") and line.split("=", 1)[0] in keys and "=" in line]
+    out = []
+    for line in unit(plan, inst).splitlines():
+        key, eq, value = line.partition("=")
+        if line.startswith("#") or not eq or key not in keys:
+            continue
+        if key in ("IPAddressAllow", "IPAddressDeny"):
+            value = " ".join(_IP_WORDS.get(word, word) for word in value.split())
+        out.append(f"{key}={value}")
+    return out
 
 
 def validator_properties(plan: HostPlan, inst: InstancePlan) -> list[str]:
