@@ -125,3 +125,19 @@ def deployed(lab_hosts):
     run = deploy(limit=",".join(lab_hosts))
     assert run.rc == 0, run.output[-6000:]
     return run
+
+
+WRONG_SHAPE = "/srv/vllm-fleet-test/wrong-shape"
+
+
+def wrong_shape_model(host: str) -> str:
+    """A model the check before a restart cannot fault, which the restarted service cannot load: the
+    tiny model's files on `host` with its config.json's intermediate_size doubled. The engine config
+    builds from config.json alone; loading the weights then fails on their shapes, after the restart,
+    which is what the rollback tests need (a missing model is now refused before the restart)."""
+    on(host, f"rm -rf {WRONG_SHAPE} && mkdir -p {WRONG_SHAPE} && "
+             f"cp -r \"$(dirname \"$(ls -d /opt/vllm/models/tiny-llama/*/config.json | head -1)\")\"/. "
+             f"{WRONG_SHAPE}/ && python3 -c \"import json; p='{WRONG_SHAPE}/config.json'; "
+             "c=json.load(open(p)); c['intermediate_size'] *= 2; json.dump(c, open(p, 'w'))\" && "
+             f"chmod -R a+rX /srv/vllm-fleet-test")
+    return WRONG_SHAPE

@@ -19,7 +19,7 @@ import pytest
 
 import fleetlab as lab
 from fleetlab import pypimirror
-from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, on, unit_props
+from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, on, unit_props, wrong_shape_model
 from tests.hosts.inventory import HOSTS_ENV
 from vllm_fleet.controller.load import Load, summary
 from vllm_fleet.core import lb as lb_core
@@ -136,8 +136,8 @@ def test_a_fleet_rollback_in_waves_says_so_per_host_and_names_a_host_it_could_no
 
 def test_failure_on_the_second_host_stops_the_rollout_and_leaves_the_third_untouched(three_hosts):
     third = unit_props("lab3")
-    proc = rollout("--canary", "1", "--wave", "1", overrides={
-        "lab2": {"model": {"path": None, "host_path": "/opt/vllm/models/not-there"}}})
+    proc = rollout("--canary", "1", "--wave", "1", overrides={  # fails after lab2's restart: rolled back
+        "lab2": {"model": {"path": None, "host_path": wrong_shape_model("lab2")}}})
     print(proc.stdout)
     assert proc.returncode != 0
     assert "rollout STOPPED at wave 2" in proc.stdout
@@ -457,7 +457,8 @@ def test_status_shows_the_door_per_model_and_per_tenant(balanced):
                           env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"{LB} ")]
-    servers = [r for r in rows if len(r) == 7 and "/" in r[2]]  # the tenants' table has 7 columns too
+    # the tenants' table has 7 columns too; haproxy marks a check in progress with "* " (8 words)
+    servers = [r for r in rows if len(r) in (7, 8) and "/" in r[2]]
     assert {(r[1], r[2]) for r in servers} == {(MODEL_OF[h], f"{h}-default/{h}-default") for h in HOSTS}, \
         proc.stdout[-2000:]
     assert all(r[3] == "UP" and r[4] == "ready" for r in servers), servers
@@ -498,8 +499,8 @@ def test_a_restart_lets_a_streaming_request_finish(balanced):
 
 
 def test_a_host_whose_change_fails_stays_drained_until_a_deploy_passes(balanced):
-    bad = {**BEHIND, "lab2": {"flags": {"host": "0.0.0.0"},
-                              "model": {"path": None, "host_path": "/opt/vllm/models/not-there"}}}
+    bad = {**BEHIND, "lab2": {"flags": {"host": "0.0.0.0"},  # fails after the restart: rolled back
+                              "model": {"path": None, "host_path": wrong_shape_model("lab2")}}}
     run = deploy(overrides=bad, limit="lab2")
     assert run.rc != 0 and "lab2: change failed and was rolled back" in run.output, run.output[-3000:]
     assert "drained in lab7" in run.output

@@ -37,6 +37,19 @@ def test_a_file_the_service_cannot_read_is_refused_before_the_restart(deployed):
     assert host_files_digest(host) == files
 
 
+def test_a_model_the_service_cannot_find_is_refused_before_the_restart(deployed):
+    """A model directory that is not on the host: refused by the check, not by the restarted service."""
+    host = "lab1"
+    before = unit_props(host)
+    run = deploy(overrides={host: {"model": {"path": None, "host_path": "/opt/vllm/models/not-there"}}},
+                 limit=host)
+    assert run.rc != 0, run.output[-3000:]
+    assert ("the service could not use its model, as user vllm: /opt/vllm/models/not-there: not found "
+            "where the service runs") in run.output, run.output[-3000:]
+    after = unit_props(host)
+    assert (after["ActiveState"], after["MainPID"]) == ("active", before["MainPID"])
+
+
 def test_what_the_vllm_user_plants_in_tmp_reaches_no_check(deployed):
     """`vllm-fleet stage`'s check of a changed config, with a template the service can read, while the
     vllm user holds torch's compile-cache names in the host's /tmp as files: root's torch import stops
