@@ -31,10 +31,19 @@ import stat
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+if TYPE_CHECKING:  # uploaded beside this script; its top level imports the stdlib only, never vLLM
+    from vllm_fleet.host import validate_serve
+else:
+    import validate_serve
 
 WORK = "/run/vllm-fleet/validate"
-OUTPUTS = (".at-default", ".routes.json")  # what the validator finds; the first one on every pass
-IMPORTED = ".imported"  # the release's source files the validator imported (validate_serve.IMPORTED)
+# what the validator finds, written beside the staged config; the first one on every pass
+OUTPUTS = (validate_serve.AT_DEFAULT, validate_serve.ROUTES)
+IMPORTED = validate_serve.IMPORTED  # the release's source files the validator imported
 MAX_OUTPUT = 4 << 20
 TIMEOUT_S = 1800  # a validator left behind by a controller that went away is stopped
 
@@ -178,7 +187,7 @@ def main(argv: list[str]) -> int:
         config = os.path.join(work, os.path.basename(a.staged))  # its name in the validator's lines
         shutil.copyfile(a.staged, config)
         os.chmod(config, 0o644)  # the service reads its live config as well; no secret is in it
-        command = [a.python, a.validator, config, "--findings", token, *argv[split + 1:]]
+        command = [a.python, a.validator, config, validate_serve.FINDINGS, token, *argv[split + 1:]]
         with subprocess.Popen(unit_argv(unit_name(a.instance, token), a.user, a.properties, a.environment,
                                         command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) as proc:
             assert proc.stdout is not None

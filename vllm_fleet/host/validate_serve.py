@@ -56,6 +56,8 @@ else:
 # The plan guards the instance with its key (InstancePlan.key_guarded); the key itself never comes here.
 KEY_EXPECTED = "--api-key-expected"
 FINDINGS = "--findings"  # the findings as stdout lines starting with this run's token
+# the findings, by the suffix of the file each is written to beside the staged config
+AT_DEFAULT, ROUTES = ".at-default", ".routes.json"
 IMPORTED = ".imported"  # with --findings: the release's source files imported, for their bytecode
 MODEL_ON_DISK = "--model-on-disk"  # the deploy staged or fetched the model: one the service cannot read fails
 GUARD = "vllm_fleet_keyguard.KeyGuard"  # core/plan.py's KEYGUARD: what --middleware must hold with a key
@@ -368,7 +370,7 @@ def _main(argv: list[str], findings: dict[str, Any]) -> int:
         if found["diff"]:
             return _refuse("vLLM would change these settings: " + "; ".join(
                 d + _HINTS.get(d.split(":", 1)[0], "") for d in found["diff"]))
-    findings[".at-default"] = {"at_default": _at_default(want, serve, ns),
+    findings[AT_DEFAULT] = {"at_default": _at_default(want, serve, ns),
                                "settings": {k: [setting, v] for k, (setting, v) in meant.items()
                                             if (setting, v) != (k, config[k])}}
     if config.get("middleware"):
@@ -381,7 +383,7 @@ def _main(argv: list[str], findings: dict[str, Any]) -> int:
         else:
             import vllm_fleet_keyguard
 
-        findings[".routes.json"] = vllm_fleet_keyguard.routes(path)
+        findings[ROUTES] = vllm_fleet_keyguard.routes(path)
     if engine:
         print("accepted (parser and engine config)")
     elif no_gpu:
