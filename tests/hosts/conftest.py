@@ -128,6 +128,17 @@ def deployed(lab_hosts):
 
 
 WRONG_SHAPE = "/srv/vllm-fleet-test/wrong-shape"
+REMOTE_CODE = "/srv/vllm-fleet-test/remote-code"
+
+
+def _tiny_model_copy(host: str, dest: str, edit: str, then: str = "") -> str:
+    """The tiny model's files at `dest` on `host`, its config.json changed by `edit` (Python on `c`)."""
+    on(host, f"rm -rf {dest} && mkdir -p {dest} && "
+             f"cp -r \"$(dirname \"$(ls -d /opt/vllm/models/tiny-llama/*/config.json | head -1)\")\"/. "
+             f"{dest}/ && python3 -c \"import json; p='{dest}/config.json'; "
+             f"c=json.load(open(p)); {edit}; json.dump(c, open(p, 'w'))\"{then} && "
+             "chmod -R a+rX /srv/vllm-fleet-test")
+    return dest
 
 
 def wrong_shape_model(host: str) -> str:
@@ -135,9 +146,15 @@ def wrong_shape_model(host: str) -> str:
     tiny model's files on `host` with its config.json's intermediate_size doubled. The engine config
     builds from config.json alone; loading the weights then fails on their shapes, after the restart,
     which is what the rollback tests need (a missing model is now refused before the restart)."""
-    on(host, f"rm -rf {WRONG_SHAPE} && mkdir -p {WRONG_SHAPE} && "
-             f"cp -r \"$(dirname \"$(ls -d /opt/vllm/models/tiny-llama/*/config.json | head -1)\")\"/. "
-             f"{WRONG_SHAPE}/ && python3 -c \"import json; p='{WRONG_SHAPE}/config.json'; "
-             "c=json.load(open(p)); c['intermediate_size'] *= 2; json.dump(c, open(p, 'w'))\" && "
-             f"chmod -R a+rX /srv/vllm-fleet-test")
-    return WRONG_SHAPE
+    return _tiny_model_copy(host, WRONG_SHAPE, "c['intermediate_size'] *= 2")
+
+
+def remote_code_model(host: str) -> str:
+    """The tiny model with a config class of its own (config.json's `auto_map`), whose module raises at
+    import, saying which uid imported it: the code of a `trust_remote_code` model, which building vLLM's
+    engine config runs."""
+    return _tiny_model_copy(
+        host, REMOTE_CODE, "c['auto_map'] = {'AutoConfig': 'configuration_probe.ProbeConfig'}",
+        then=" && printf '%s\\n' 'import os' "
+             "'raise RuntimeError(f\"the model code ran as uid {os.getuid()}\")' "
+             f"> {REMOTE_CODE}/configuration_probe.py")

@@ -5,7 +5,7 @@ only root can read was accepted and the restarted service died on it; and root's
 
 from __future__ import annotations
 
-from tests.hosts.conftest import deploy, host_files_digest, on, unit_props
+from tests.hosts.conftest import deploy, host_files_digest, on, remote_code_model, unit_props
 
 ROOT_ONLY = "/etc/vllm-fleet-test/root-only.jinja"
 READABLE = "/etc/vllm-fleet-test/chat.jinja"
@@ -46,6 +46,23 @@ def test_a_model_the_service_cannot_find_is_refused_before_the_restart(deployed)
     assert run.rc != 0, run.output[-3000:]
     assert ("the service could not use its model, as user vllm: /opt/vllm/models/not-there: not found "
             "where the service runs") in run.output, run.output[-3000:]
+    after = unit_props(host)
+    assert (after["ActiveState"], after["MainPID"]) == ("active", before["MainPID"])
+
+
+def test_a_remote_code_models_code_runs_in_the_check_as_the_service(deployed):
+    """trust_remote_code: building the engine config imports the model's own code. Run as root, the check
+    left that to the restarted service; run as the service, it runs it there first. A model whose code
+    fails is refused before the restart, by the code's own error, which names the uid it ran as."""
+    host = "lab1"
+    path = remote_code_model(host)
+    uid = on(host, "id -u vllm").strip()
+    assert uid != "0"
+    before = unit_props(host)
+    run = deploy(deploy_file="deploys/stage.py", limit=host, overrides={host: {
+        "model": {"path": None, "host_path": path}, "flags": {"trust_remote_code": True}}})
+    assert run.rc != 0, run.output[-3000:]
+    assert f"vLLM would refuse to start: the model code ran as uid {uid}" in run.output, run.output[-3000:]
     after = unit_props(host)
     assert (after["ActiveState"], after["MainPID"]) == ("active", before["MainPID"])
 

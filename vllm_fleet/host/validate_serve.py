@@ -354,8 +354,9 @@ def _main(argv: list[str], findings: dict[str, Any]) -> int:
     except Exception as e:
         return _refuse(f"vLLM would refuse to start: {_one_line(e)}")
     model = getattr(ns, "model_tag", None) or getattr(ns, "model", None)
-    # building the engine config imports a trust_remote_code model's own code: that runs only in the unit
-    remote_code = bool(config.get("trust-remote-code"))
+    # building the engine config imports a trust_remote_code model's own code: as the service, in its
+    # sandbox (validate_in_unit.py), that is what the restart would run anyway; never as root
+    remote_code = bool(config.get("trust-remote-code")) and os.geteuid() == 0
     if MODEL_ON_DISK in argv[1:] and isinstance(model, str) and model.startswith("/"):
         # staged, fetched or already on the host: a directory the service cannot read would start nothing
         why = _reach(model)
@@ -390,8 +391,8 @@ def _main(argv: list[str], findings: dict[str, Any]) -> int:
         print("accepted (parser; no GPU is visible on this host, so vLLM checks the CUDA engine config when "
               "it starts)")
     elif remote_code:
-        print("accepted (parser; trust_remote_code: the model's code runs only in the unit, so vLLM checks "
-              "the engine config when it starts)")
+        print("accepted (parser; trust_remote_code: the model's code runs only as the service, so vLLM "
+              "checks the engine config when it starts)")
     else:
         print("accepted (parser; the model is not on this host yet, so vLLM checks it when it starts)")
     return 0
