@@ -311,6 +311,7 @@ def plan_vllm() -> None:
         python.call(name="plan refused", function=_refused, reason=row.refused)
         return
     row.variant, row.reason, row.release = plan.variant, plan.variant_reason, plan.release
+    row.proof = plan.install_spec.build.proof_line()
     try:
         row.target = install.target(plan, vh).key
         if plan.release in vh["releases"]:

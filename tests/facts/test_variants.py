@@ -9,6 +9,9 @@ capability >= 7.5).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -371,6 +374,16 @@ def test_packaged_table() -> None:
             'spec = "vllm==1.0.0"\n',
             "accelerator must be one of",
         ),
+        (
+            'schema = 1\n[release."1.0.0".variant.cpu]\naccelerator = "cpu"\npackage = "vllm"\n'
+            'spec = "vllm==1.0.0+cpu"\n',
+            "exactly one of proven",
+        ),
+        (
+            'schema = 1\n[release."1.0.0".variant.cpu]\naccelerator = "cpu"\npackage = "vllm"\n'
+            'spec = "vllm==1.0.0+cpu"\nproven = "x: tests/hosts/test_deploy.py"\nunproven = "y"\n',
+            "exactly one of proven",
+        ),
     ],
 )
 def test_bad_table_is_refused_at_load(toml: str, error: str) -> None:
@@ -383,7 +396,7 @@ def test_release_minimum_beats_the_arch_list() -> None:
     table = parse_table(
         'schema = 1\n[release."1.0.0"]\nmin_compute_capability = "7.5"\n[release."1.0.0".variant.cu129]\n'
         'accelerator = "cuda"\npackage = "vllm"\nspec = "vllm==1.0.0+cu129"\ncuda = "12.9"\n'
-        'min_driver = "525.60.13"\ncuda_arch_list = ["7.0", "8.0"]\n'
+        'min_driver = "525.60.13"\ncuda_arch_list = ["7.0", "8.0"]\nunproven = "a test table"\n'
     )
     build = table["1.0.0"]["cu129"]
     assert not build.supports((7, 0))
@@ -468,3 +481,29 @@ def test_choice_fits_and_is_the_newest_that_fits(version: str, driver: DriverVer
     assert choice.build.cuda_key == max(b.cuda_key for b in fitting)
     for build in fitting:  # an override is accepted exactly for the builds that fit
         assert choose_variant(version, "cuda", driver, gpus, override=build.name).variant == build.name
+
+
+def test_each_proven_build_names_a_lab_test_that_names_its_release() -> None:
+    """`proven` is a claim a reader can follow: the lab test file it names exists and names the release;
+    and the lab proves at least the CPU build it serves and one CUDA build."""
+    root = Path(__file__).resolve().parents[2]
+    proven = [v for builds in load_table().values() for v in builds.values() if v.proven]
+    for v in proven:
+        named = re.findall(r"tests/hosts/test_\w+\.py", v.proof)
+        assert named, (v.vllm_version, v.name, v.proof)
+        for path in named:
+            assert v.vllm_version in (root / path).read_text(), (v.vllm_version, v.name, path)
+    assert {v.accelerator for v in proven} == {"cpu", "cuda"}
+    assert all(v.proof_line().startswith(("proven on", "not proven on"))
+               for builds in load_table().values() for v in builds.values())
+
+
+def test_the_plan_table_says_whether_the_build_it_picks_is_proven() -> None:
+    from vllm_fleet.core.report import PlanRow, table
+
+    builds = load_table()
+    rows = [PlanRow("gpu-1", "cuda", variant="cu130", proof=builds["0.32.0"]["cu130"].proof_line()),
+            PlanRow("cpu-1", "cpu", variant="cpu", proof=builds["0.32.0"]["cpu"].proof_line())]
+    text = table(rows)
+    assert "gpu-1: not proven on vllm-fleet's lab: not staged on the lab" in text
+    assert "cpu-1: proven on vllm-fleet's lab: serves on the lab" in text

@@ -121,6 +121,7 @@ def releases() -> str:
                 parts.append(f"{v.name} (CUDA {v.cuda}, driver >= {v.min_driver}, "
                              f"compute capability >= {cc})")
         lines.append(f"  {version}: " + "; ".join(parts))
+        lines += [f"    {v.name}: {v.proof_line()}" for v in builds.values()]
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ class PlanRow:
     driver: str = "-"
     variant: str = "-"
     reason: str = ""
+    proof: str = ""  # Variant.proof_line of the build it would install
     release: str = "-"
     lock: str = "-"  # the release's lock digest (vllm_fleet/core/lock.py)
     target: str = ""
@@ -46,6 +47,8 @@ def table(rows: list[PlanRow]) -> str:
             lines.append(f"{r.host}: refused: {r.refused}")
             continue
         lines.append(f"{r.host}: {r.variant} because {r.reason}")
+        if r.proof:
+            lines.append(f"{r.host}: {r.proof}")
         lines.append(f"{r.host}: lock: {r.lock} for {r.target}")
         lines.append(f"{r.host}: install: {r.install}")
         lines += [f"{r.host}: warning: {w}" for w in r.warnings]

@@ -72,6 +72,8 @@ class Variant:
     remove_after_install: tuple[str, ...] = ()
     metadata_alias: str | None = None
     constraints: tuple[str, ...] = ()  # added to the lock's resolution (known broken pairs avoided)
+    proven: bool = False
+    proof: str = ""  # what the lab's tests prove of this build, or why they do not
 
     @property
     def cuda_key(self) -> tuple[int, ...]:
@@ -83,6 +85,12 @@ class Variant:
 
     def arch_summary(self) -> str:
         return " ".join(str(a) for a in self.cuda_arch_list)
+
+    def proof_line(self) -> str:
+        """What an operator is told of this build's proof: a build the lab never ran is still checked by
+        its own parser on each host before a restart, but nothing here has installed or served it."""
+        return (f"proven on vllm-fleet's lab: {self.proof}" if self.proven
+                else f"not proven on vllm-fleet's lab: {self.proof}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,7 @@ def _variant(version: str, name: str, raw: dict[str, Any], min_cc: tuple[int, in
         raise ValueError(
             f"variants.toml {version}/{name}: cuda, min_driver and cuda_arch_list go with cuda only"
         )
-    return Variant(
+    variant = Variant(
         name=name,
         vllm_version=version,
         accelerator=accelerator,
@@ -130,7 +138,13 @@ def _variant(version: str, name: str, raw: dict[str, Any], min_cc: tuple[int, in
         remove_after_install=tuple(raw.get("remove_after_install", ())),
         metadata_alias=raw.get("metadata_alias"),
         constraints=tuple(raw.get("constraints", ())),
+        proven="proven" in raw,
+        proof=str(raw.get("proven") or raw.get("unproven") or "").strip(),
     )
+    if ("proven" in raw) == ("unproven" in raw) or not variant.proof:
+        raise ValueError(f"variants.toml {version}/{name}: give exactly one of proven (what the lab's tests "
+                         "prove, naming the test) and unproven (why they do not)")
+    return variant
 
 
 def parse_table(text: str) -> dict[str, dict[str, Variant]]:
