@@ -1,0 +1,56 @@
+"""The smoke test's four requests are independent, so they are sent at once: the test then takes its
+slowest check's time (the completion), not the sum. Proved with a barrier every request must reach
+before any is answered, over httpx's in-process transport (no server: these are the HTTP layer's
+decisions)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+
+from vllm_fleet.controller.smoke import run_checks
+
+URL = "http://vllm.test"
+
+
+def _answer(request: httpx.Request) -> httpx.Response:
+    keyed = request.headers.get("authorization") == "Bearer k"
+    if request.url.path == "/health":
+        return httpx.Response(200)
+    if request.url.path == "/v1/models":
+        return (httpx.Response(200, json={"data": [{"id": "tiny"}]}) if keyed
+                else httpx.Response(401))
+    body = json.loads(request.content)
+    return httpx.Response(200, json={"usage": {"completion_tokens": body["max_tokens"]}})
+
+
+def test_the_checks_are_in_flight_together_and_reported_in_order() -> None:
+    together = threading.Barrier(4, timeout=10)  # a check sent after another's answer breaks it
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        together.wait()
+        return _answer(request)
+
+    checks = run_checks(URL, "tiny", "k", transport=httpx.MockTransport(handler))
+    assert [(c.name, c.ok) for c in checks] == [
+        ("health", True), ("models", True), ("completion", True), ("no-key-401", True)]
+    assert not together.broken
+
+
+def test_a_check_whose_request_fails_is_named_as_its_result_is() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if "authorization" not in request.headers and request.url.path == "/v1/models":
+            raise httpx.ConnectError("channel refused", request=request)
+        return _answer(request)
+
+    checks = run_checks(URL, "tiny", "k", transport=httpx.MockTransport(handler))
+    failed = [(c.name, c.detail) for c in checks if not c.ok]
+    assert failed == [("no-key-401", "ConnectError: channel refused")]
+
+
+def test_without_a_key_there_is_no_401_check() -> None:
+    checks = run_checks(URL, "tiny", None, transport=httpx.MockTransport(_answer))
+    assert [c.name for c in checks] == ["health", "models", "completion"]
+    assert not checks[1].ok  # the mock's /v1/models wants the key: the check says what it got
