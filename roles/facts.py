@@ -117,8 +117,12 @@ def _created(state: dict[str, Any] | None, managed: list[str]) -> list[str]:
     return sorted({f"vllm-{name}.service" for names in recorded for name in names})
 
 
+# One interpreter for both sections (isolated: root imports nothing from the login's directory): the
+# target line, then what a killed run left (hoststate.py LEFTOVERS); without hoststate.py yet, none.
 _TARGET_PY = ("import platform, sys; "
-              "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-')")
+              "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-'); "
+              f"print('## leftovers', flush=True); sys.path.insert(0, {HOST_TOOLS!r}); import hoststate; "
+              "print(*hoststate.leftovers(), sep=chr(10))")
 
 
 class VllmHost(FactBase[VllmHostFacts]):
@@ -177,7 +181,7 @@ class VllmHost(FactBase[VllmHostFacts]):
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
             f"echo '## uv'; {UV_PATH} --version 2>/dev/null; "
             # what a lock is resolved for (vllm_fleet/core/lock.py Target), and each release's lock
-            f"echo '## python'; {HOST_PYTHON} -c {shlex.quote(_TARGET_PY)} 2>/dev/null; "
+            f"echo '## python'; {HOST_PYTHON} -I -c {shlex.quote(_TARGET_PY)} 2>/dev/null; "
             f"echo '## locks'; for f in {RELEASES_DIR}/*/.lock; do test -f \"$f\" && "
             "echo \"$(basename \"$(dirname \"$f\")\") $(sha256sum < \"$f\" | cut -c1-16)\"; done; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "
@@ -185,8 +189,6 @@ class VllmHost(FactBase[VllmHostFacts]):
             "echo '## cgroup2'; test -f /sys/fs/cgroup/cgroup.controllers && echo yes; "
             # what decides whether vLLM can bind its port: the lowest unprivileged port, and each TCP
             # listener with the unit of its process (ss once, then one cgroup line per listening pid)
-            # what a killed run left (uploads, staged files): the next run removes it first
-            f"echo '## leftovers'; {HOST_PYTHON} {HOST_TOOLS}/hoststate.py leftovers 2>/dev/null; "
             "echo '## unprivileged_port_start'; "
             "cat /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null; "
             + LISTEN_SH

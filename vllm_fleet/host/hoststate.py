@@ -716,7 +716,7 @@ def main(argv: list[str]) -> int:
         out = prune(int(args[0]))
     elif cmd == "show":
         out = load()
-    elif cmd == "leftovers":  # read only: what the VllmHost fact reports, for the next run to remove
+    elif cmd == "leftovers":  # read only, for an operator: the VllmHost fact calls leftovers() itself
         print("\n".join(leftovers()))
         return 0
     else:
