@@ -384,6 +384,11 @@ def test_packaged_table() -> None:
             'spec = "vllm==1.0.0+cpu"\nproven = "x: tests/hosts/test_deploy.py"\nunproven = "y"\n',
             "exactly one of proven",
         ),
+        (  # a claim is words a reader can follow, not a flag
+            'schema = 1\n[release."1.0.0".variant.cpu]\naccelerator = "cpu"\npackage = "vllm"\n'
+            'spec = "vllm==1.0.0+cpu"\nproven = true\n',
+            "exactly one of proven",
+        ),
     ],
 )
 def test_bad_table_is_refused_at_load(toml: str, error: str) -> None:
@@ -484,15 +489,16 @@ def test_choice_fits_and_is_the_newest_that_fits(version: str, driver: DriverVer
 
 
 def test_each_proven_build_names_a_lab_test_that_names_its_release() -> None:
-    """`proven` is a claim a reader can follow: the lab test file it names exists and names the release;
-    and the lab proves at least the CPU build it serves and one CUDA build."""
+    """`proven` is a claim a reader can follow: each lab test file it names exists and names the build's
+    release directory (`0.31.0-cpu`), not just a version some comparison mentions; and the lab proves at
+    least the CPU build it serves and one CUDA build."""
     root = Path(__file__).resolve().parents[2]
     proven = [v for builds in load_table().values() for v in builds.values() if v.proven]
     for v in proven:
         named = re.findall(r"tests/hosts/test_\w+\.py", v.proof)
         assert named, (v.vllm_version, v.name, v.proof)
         for path in named:
-            assert v.vllm_version in (root / path).read_text(), (v.vllm_version, v.name, path)
+            assert f"{v.vllm_version}-{v.name}" in (root / path).read_text(), (v.vllm_version, v.name, path)
     assert {v.accelerator for v in proven} == {"cpu", "cuda"}
     assert all(v.proof_line().startswith(("proven on", "not proven on"))
                for builds in load_table().values() for v in builds.values())

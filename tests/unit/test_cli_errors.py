@@ -59,7 +59,8 @@ def test_explain_answers_for_every_key_and_refuses_an_unknown_one(capsys):
         assert keydoc.explain(key).startswith(f"vllm.{key}")
     assert "0.32.0" in keydoc.explain("version") and "driver >=" in keydoc.explain("version")
     explained = keydoc.explain("version")
-    assert "    cu130: proven on vllm-fleet's lab: staged on Debian 13 from the PyPI mirror" in explained
+    assert ("    cu130: proven on vllm-fleet's lab: staged on Debian 13 from the PyPI mirror and the "
+            "settings matrix checked by its own parser; not served (the lab has no GPU)") in explained
     assert "    cu130: not proven on vllm-fleet's lab: not installable from PyPI" in explained
     assert cli.main(["explain", "no_such_key"]) == 2
     assert "not an inventory key" in capsys.readouterr().err

@@ -141,7 +141,8 @@ def _variant(version: str, name: str, raw: dict[str, Any], min_cc: tuple[int, in
         proven="proven" in raw,
         proof=str(raw.get("proven") or raw.get("unproven") or "").strip(),
     )
-    if ("proven" in raw) == ("unproven" in raw) or not variant.proof:
+    said = raw.get("proven", raw.get("unproven"))
+    if ("proven" in raw) == ("unproven" in raw) or not isinstance(said, str) or not variant.proof:
         raise ValueError(f"variants.toml {version}/{name}: give exactly one of proven (what the lab's tests "
                          "prove, naming the test) and unproven (why they do not)")
     return variant
