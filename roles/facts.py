@@ -119,7 +119,7 @@ def _created(state: dict[str, Any] | None, managed: list[str]) -> list[str]:
 
 # One interpreter for both sections (isolated: root imports nothing from the login's directory): the
 # target line, then what a killed run left (hoststate.py LEFTOVERS); without hoststate.py yet, none.
-_TARGET_PY = ("import platform, sys; "
+_PYTHON_AND_LEFTOVERS_PY = ("import platform, sys; "
               "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-'); "
               f"print('## leftovers', flush=True); sys.path.insert(0, {HOST_TOOLS!r}); import hoststate; "
               "print(*hoststate.leftovers(), sep=chr(10))")
@@ -181,7 +181,7 @@ class VllmHost(FactBase[VllmHostFacts]):
             "echo '## state'; cat /var/lib/vllm-fleet/state.json 2>/dev/null; "
             f"echo '## uv'; {UV_PATH} --version 2>/dev/null; "
             # what a lock is resolved for (vllm_fleet/core/lock.py Target), and each release's lock
-            f"echo '## python'; {HOST_PYTHON} -I -c {shlex.quote(_TARGET_PY)} 2>/dev/null; "
+            f"echo '## python'; {HOST_PYTHON} -I -c {shlex.quote(_PYTHON_AND_LEFTOVERS_PY)} 2>/dev/null; "
             f"echo '## locks'; for f in {RELEASES_DIR}/*/.lock; do test -f \"$f\" && "
             "echo \"$(basename \"$(dirname \"$f\")\") $(sha256sum < \"$f\" | cut -c1-16)\"; done; "
             "echo '## addresses'; ip -o addr show 2>/dev/null; "

@@ -183,8 +183,7 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
     result = smoke.SmokeResult(host.name, target.name, target.served_name, target.tp, release)
     if target.headless and target.group:
         return worker_check(target, release, lambda: True, timeout_s)
-    # the Host itself, not pyinfra's per-greenlet proxy: the checks' requests run in greenlets of their own
-    with tunnel(ctx_host.get(), target.host, target.port) as t:
+    with tunnel(host, target.host, target.port) as t:
         if wait:
             ready, waited = smoke.wait_healthy(t.url, timeout_s, alive=lambda: not _unit_crashed(target.unit),
                                                transport=t.transport)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
+from pyinfra import host as current_host
+from pyinfra.context import ctx_host
 
 from vllm_fleet.host.watchdog import probe_address
 
@@ -153,7 +155,11 @@ def ssh_opener(host, remote_host: str, remote_port: int) -> Opener:
 
 @contextlib.contextmanager
 def tunnel(host, remote_host: str, remote_port: int) -> Iterator[Tunnel]:
-    """HTTP to remote_host:remote_port as seen from `host`; unusable once the block ends."""
+    """HTTP to remote_host:remote_port as seen from `host`; unusable once the block ends.
+
+    Given pyinfra's `host` proxy, it holds the Host the proxy stands for now: the proxy is per greenlet,
+    and requests may be sent from greenlets of their own (the smoke test's checks go out at once)."""
+    host = ctx_host.get() if host is current_host else host
     target = probe_address(remote_host)
     host_header = f"[{target}]:{remote_port}" if ":" in target else f"{target}:{remote_port}"
     t = Tunnel(URL, StreamTransport(ssh_opener(host, remote_host, remote_port), host_header))
@@ -161,6 +167,3 @@ def tunnel(host, remote_host: str, remote_port: int) -> Iterator[Tunnel]:
         yield t
     finally:
         t.transport.closed = True
-
-
-# --- the old way, kept until roles/smoke.py has moved to `tunnel`

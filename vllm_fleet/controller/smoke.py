@@ -81,13 +81,12 @@ def _timed(fn: Callable[[], Check]) -> Check:
     t0 = time.monotonic()
     try:
         check = fn()
-    except httpx.HTTPError as e:  # named as the check's own result names it
-        check = Check(_NAMES.get(fn.__name__, fn.__name__), False, f"{type(e).__name__}: {e}")
+    except httpx.HTTPError as e:  # named as the check's own result names it: no_key_401 -> no-key-401
+        check = Check(fn.__name__.replace("_", "-"), False, f"{type(e).__name__}: {e}")
     check.ms = (time.monotonic() - t0) * 1000
     return check
 
 
-_NAMES = {"unauthorized": "no-key-401"}
 _WILDCARD = ("*", "0.0.0.0", "::")
 
 
@@ -141,11 +140,11 @@ def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: fl
             n = r.json().get("usage", {}).get("completion_tokens", 0)
             return Check("completion", n >= 1, f"{n} tokens")
 
-        def unauthorized() -> Check:
+        def no_key_401() -> Check:
             r = c.get("/v1/models")
             return Check("no-key-401", r.status_code == 401, f"HTTP {r.status_code} without key")
 
-        asks = [health, models, completion, *([unauthorized] if api_key else [])]
+        asks = [health, models, completion, *([no_key_401] if api_key else [])]
         # independent requests, each on a channel of its own: sent at once, the test takes as long as its
         # slowest check (the completion), not their sum; greenlets under pyinfra's gevent patching
         with ThreadPoolExecutor(len(asks)) as pool:

@@ -122,6 +122,7 @@ def _variant(version: str, name: str, raw: dict[str, Any], min_cc: tuple[int, in
         raise ValueError(
             f"variants.toml {version}/{name}: cuda, min_driver and cuda_arch_list go with cuda only"
         )
+    said = raw.get("proven", raw.get("unproven"))  # words a reader can follow, not a flag
     variant = Variant(
         name=name,
         vllm_version=version,
@@ -139,10 +140,9 @@ def _variant(version: str, name: str, raw: dict[str, Any], min_cc: tuple[int, in
         metadata_alias=raw.get("metadata_alias"),
         constraints=tuple(raw.get("constraints", ())),
         proven="proven" in raw,
-        proof=str(raw.get("proven") or raw.get("unproven") or "").strip(),
+        proof=said.strip() if isinstance(said, str) else "",
     )
-    said = raw.get("proven", raw.get("unproven"))
-    if ("proven" in raw) == ("unproven" in raw) or not isinstance(said, str) or not variant.proof:
+    if ("proven" in raw) == ("unproven" in raw) or not variant.proof:
         raise ValueError(f"variants.toml {version}/{name}: give exactly one of proven (what the lab's tests "
                          "prove, naming the test) and unproven (why they do not)")
     return variant
