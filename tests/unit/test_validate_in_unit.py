@@ -206,6 +206,17 @@ def test_root_compiles_only_the_releases_own_imported_sources(tmp_path) -> None:
     validate_in_unit.compile_imported({".imported": json.dumps(listed).encode()},
                                       str(release / "bin" / "python"))
     assert [p.name.split(".")[0] for p in (pkg / "__pycache__").iterdir()] == ["mod"]
+    # fresh bytecode is left as it is (every check imports thousands of modules); stale is redone
+    pyc = next((pkg / "__pycache__").iterdir())
+    written = pyc.stat().st_mtime_ns
+    validate_in_unit.compile_imported({".imported": json.dumps(listed).encode()},
+                                      str(release / "bin" / "python"))
+    assert pyc.stat().st_mtime_ns == written
+    (pkg / "mod.py").write_text("X = 2\n")
+    os.utime(pkg / "mod.py", ns=(written + 10**9, written + 10**9))
+    validate_in_unit.compile_imported({".imported": json.dumps(listed).encode()},
+                                      str(release / "bin" / "python"))
+    assert pyc.stat().st_mtime_ns != written
     assert not (tmp_path / "__pycache__").exists() and not (shared / "__pycache__").exists()
     validate_in_unit.compile_imported({".imported": b"not json"}, str(release / "bin" / "python"))
     validate_in_unit.compile_imported({".imported": b'["\\u0000x.py", "\\ud800.py"]'},
