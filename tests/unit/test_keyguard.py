@@ -211,14 +211,21 @@ def test_probes_cover_every_route_but_the_open_ones_invocations_first() -> None:
 
 
 def _transport(app: Any) -> Any:
-    """httpx's sync client on the ASGI app in-process: each request becomes one ASGI call."""
+    """httpx's sync client on the ASGI app in-process: each request becomes one ASGI call, one at a
+    time (the checks send concurrently; under pyinfra's gevent patching the threads are greenlets of one
+    thread, where two asyncio.run calls would meet)."""
+    import threading
+
     import httpx
+
+    one = threading.Lock()
 
     def handle(request: httpx.Request) -> httpx.Response:
         upgrade = request.headers.get("upgrade", "").lower() == "websocket"
         scope = {"type": "websocket" if upgrade else "http", "method": request.method,
                  "path": request.url.path, "root_path": "", "headers": request.headers.raw}
-        sent = _call(app, scope)
+        with one:
+            sent = _call(app, scope)
         if sent[0]["type"] == "websocket.close":
             return httpx.Response(403)
         if sent[0]["type"] == "websocket.accept":

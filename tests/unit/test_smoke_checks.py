@@ -54,3 +54,25 @@ def test_without_a_key_there_is_no_401_check() -> None:
     checks = run_checks(URL, "tiny", None, transport=httpx.MockTransport(_answer))
     assert [c.name for c in checks] == ["health", "models", "completion"]
     assert not checks[1].ok  # the mock's /v1/models wants the key: the check says what it got
+
+
+def test_the_routes_without_the_key_go_out_together_after_the_sentinel_alone() -> None:
+    """The 401 sweep: /invocations first and alone (an unguarded server gets nothing more), then the
+    other routes several at a time (a barrier of GUARD_CONCURRENCY that sequential requests never fill)."""
+    from vllm_fleet.controller.smoke import GUARD_CONCURRENCY, SENTINEL, guard_check
+
+    routes = [{"path": SENTINEL, "methods": ["POST"]}] + [
+        {"path": f"/r{i}", "methods": ["GET"]} for i in range(2 * GUARD_CONCURRENCY)]
+    order: list[str] = []
+    together = threading.Barrier(GUARD_CONCURRENCY, timeout=10)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        order.append(request.url.path)
+        if request.url.path != SENTINEL:
+            together.wait()
+        return httpx.Response(401)
+
+    c = guard_check(URL, routes, {"/health"}, transport=httpx.MockTransport(handler))
+    assert c.ok and c.detail == f"401 on {len(routes)}/{len(routes)} routes", c.detail
+    assert order[0] == SENTINEL and sorted(order[1:]) == sorted(r["path"] for r in routes[1:])
+    assert not together.broken
