@@ -171,10 +171,8 @@ def _replace(result: smoke.SmokeResult, check: smoke.Check) -> None:
 
 
 def _unit_crashed(unit: str) -> bool:
-    """Failed, or restarted by systemd since the deploy started it: either way it will not get ready."""
-    _, out = run(f"systemctl show {unit} -p ActiveState -p NRestarts")
-    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("ActiveState") == "failed" or props.get("NRestarts", "0") not in ("0", "")
+    _, out = run(f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts")
+    return smoke.crashed(dict(line.split("=", 1) for line in out.splitlines() if "=" in line))
 
 
 def check(target: Target, release: str, timeout_s: float, wait: bool = True,

@@ -76,3 +76,17 @@ def test_the_routes_without_the_key_go_out_together_after_the_sentinel_alone() -
     assert c.ok and c.detail == f"401 on {len(routes)}/{len(routes)} routes", c.detail
     assert order[0] == SENTINEL and sorted(order[1:]) == sorted(r["path"] for r in routes[1:])
     assert not together.broken
+
+
+def test_a_started_unit_counts_as_crashed_as_soon_as_its_process_exited() -> None:
+    """systemctl show of the unit the deploy started, as systemd words each state: a process that
+    exited is waiting out RestartSec= (auto-restart, NRestarts still 0) before anything else shows it."""
+    from vllm_fleet.controller.smoke import crashed
+
+    assert not crashed({"ActiveState": "activating", "SubState": "start", "NRestarts": "0"})
+    assert not crashed({"ActiveState": "active", "SubState": "running", "NRestarts": "0"})
+    assert crashed({"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": "0"})
+    assert crashed({"ActiveState": "active", "SubState": "running", "NRestarts": "1"})
+    for waiting in ("auto-restart-queued", "dead-before-auto-restart", "failed-before-auto-restart"):
+        assert crashed({"ActiveState": "activating", "SubState": waiting, "NRestarts": "0"})
+    assert crashed({"ActiveState": "failed", "SubState": "failed", "NRestarts": "0"})

@@ -111,6 +111,16 @@ def holder_check(listeners: list[ListenerFacts] | None, address: str, port: int,
     return None
 
 
+def crashed(unit: Mapping[str, str]) -> bool:
+    """From `systemctl show -p ActiveState -p SubState -p NRestarts` of a unit a deploy just started:
+    failed, exited and waiting out its RestartSec= (auto-restart), or restarted by systemd since: either
+    way the process the deploy started will not get ready, and waiting for it only delays the rollback.
+    Newer systemd words the wait as dead-before-auto-restart, failed-before-auto-restart and
+    auto-restart-queued too."""
+    return (unit.get("ActiveState") == "failed" or "auto-restart" in unit.get("SubState", "")
+            or unit.get("NRestarts", "0") not in ("0", ""))
+
+
 def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: float = 60.0,
                transport: httpx.BaseTransport | None = None) -> list[Check]:
     """The smoke test proper; `api_key` None means the instance runs without a key (no 401 check).
