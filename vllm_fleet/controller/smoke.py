@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import certifi
 import httpx
@@ -35,8 +35,17 @@ SMOKE_TOKENS = 4
 @functools.cache
 def _tls() -> ssl.SSLContext:
     """httpx's own default (certifi's CA bundle), built once per process: httpx builds one per Client,
-    26-48 ms here, and a deploy made two Clients per host, one host after another (gevent, one thread)."""
+    and a deploy makes several Clients per host, one host after another (gevent, one thread)."""
     return ssl.create_default_context(cafile=certifi.where())
+
+
+def _client(base_url: str, transport: httpx.BaseTransport | None, **kw: Any) -> httpx.Client:
+    """A client for base_url. A given transport (roles/tunnel.py: HTTP over an SSH channel) makes its
+    own connections, so no TLS context is built for it (loading the CA bundle is the costliest part
+    of a no-op's smoke test)."""
+    if transport is not None:
+        return httpx.Client(base_url=base_url, transport=transport, **kw)
+    return httpx.Client(base_url=base_url, verify=_tls(), **kw)
 
 
 @dataclass
@@ -127,7 +136,7 @@ def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: fl
     `transport` carries the requests (roles/tunnel.py: a channel per request, no local
     listener)."""
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(base_url=base_url, timeout=timeout, verify=_tls(), transport=transport) as c:
+    with _client(base_url, transport, timeout=timeout) as c:
 
         def health() -> Check:
             r = c.get("/health")
@@ -200,7 +209,7 @@ def guard_check(base_url: str, routes: Sequence[Mapping], open_paths: Collection
     todo = probes(routes, open_paths)
     if not any(p[2] == SENTINEL for p in todo):
         return Check("no-key-401", False, f"the host listed no {SENTINEL} route ({len(todo)} listed)")
-    with httpx.Client(base_url=base_url, timeout=timeout, verify=_tls(), transport=transport) as c:
+    with _client(base_url, transport, timeout=timeout) as c:
 
         def refusal(probe: tuple[str, str, str]) -> tuple[bool, str] | None:
             """None when refused as it must be; else (whether it answered, what went wrong)."""
@@ -237,8 +246,7 @@ def read_live(base_url: str, window_s: float = LIVE_WINDOW_S, api_key: str | Non
     says so); None if it has none."""
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.Client(base_url=base_url, timeout=10.0, verify=_tls(), headers=auth,
-                          transport=transport) as c:
+        with _client(base_url, transport, timeout=10.0, headers=auth) as c:
             first = c.get("/metrics")
             t0 = time.monotonic()
             time.sleep(window_s)  # cooperative under pyinfra's gevent
@@ -259,7 +267,7 @@ def wait_healthy(base_url: str, timeout_s: float, alive: Callable[[], bool] | No
                  interval: float = 1.0, transport: httpx.BaseTransport | None = None) -> tuple[bool, float]:
     """Poll /health with a bound. `alive` lets the caller stop early when the unit has failed for good."""
     t0 = time.monotonic()
-    with httpx.Client(base_url=base_url, timeout=5.0, verify=_tls(), transport=transport) as c:
+    with _client(base_url, transport, timeout=5.0) as c:
         while time.monotonic() - t0 < timeout_s:
             try:
                 if c.get("/health").status_code == 200:
