@@ -41,8 +41,8 @@ def _tls() -> ssl.SSLContext:
 
 def _client(base_url: str, transport: httpx.BaseTransport | None, **kw: Any) -> httpx.Client:
     """A client for base_url. A given transport (roles/tunnel.py: HTTP over an SSH channel) makes its
-    own connections, so no TLS context is built for it (loading the CA bundle is the costliest part
-    of a no-op's smoke test)."""
+    own connections, so no TLS context is built for it: loading the CA bundle is work such a client
+    never uses."""
     if transport is not None:
         return httpx.Client(base_url=base_url, transport=transport, **kw)
     return httpx.Client(base_url=base_url, verify=_tls(), **kw)
