@@ -70,6 +70,10 @@ def test_hoststate_killed_at_random_points_then_restore_works(deployed):
         assert on(HOST, "ls -A /var/lib/vllm-fleet/gen | grep -c '^[.]'").strip() == "0"  # nothing left
     finally:
         on(HOST, "cp /tmp/default.yaml.fuzz /etc/vllm/default.yaml 2>/dev/null; rm -f /tmp/default.yaml.fuzz")
+        # the restore restarted the instance: let it finish starting, since a vLLM stopped while it
+        # starts waits out the unit's TimeoutStopSec= before systemd kills it
+        on(HOST, "for i in $(seq 1 120); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; "
+                 "sleep 0.5; done")
         run = deploy(limit=HOST)  # back to the inventory's config, committed again
     assert run.rc == 0, run.output[-4000:]
     assert unit_props(HOST)["ActiveState"] == "active"
