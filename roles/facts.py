@@ -119,10 +119,11 @@ def _created(state: dict[str, Any] | None, managed: list[str]) -> list[str]:
 
 # One interpreter for both sections (isolated: root imports nothing from the login's directory): the
 # target line, then what a killed run left (hoststate.py LEFTOVERS); without hoststate.py yet, none.
-_PYTHON_AND_LEFTOVERS_PY = ("import platform, sys; "
-              "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-'); "
-              f"print('## leftovers', flush=True); sys.path.insert(0, {HOST_TOOLS!r}); import hoststate; "
-              "print(*hoststate.leftovers(), sep=chr(10))")
+_PYTHON_AND_LEFTOVERS_PY = (
+    "import platform, sys; "
+    "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1] or '-'); "
+    f"print('## leftovers', flush=True); sys.path.insert(0, {HOST_TOOLS!r}); import hoststate; "
+    "print(*hoststate.leftovers(), sep=chr(10))")
 
 
 class VllmHost(FactBase[VllmHostFacts]):
