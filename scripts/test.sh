@@ -6,10 +6,10 @@ source scripts/lab-env.sh
 t0=$SECONDS
 .venv/bin/ruff check . || exit 1
 bash scripts/typecheck.sh || exit 1
-.venv/bin/pytest -q -rP -p no:cacheprovider tests/unit tests/facts || exit 1
+.venv/bin/pytest -q -rfEP -p no:cacheprovider tests/unit tests/facts || exit 1
 echo "test: fast tiers in $((SECONDS - t0)) s"
 t1=$SECONDS
-.venv/bin/pytest -v -rP -p no:cacheprovider --durations=40 tests/hosts
+.venv/bin/pytest -v -rfEP -p no:cacheprovider --durations=40 tests/hosts
 rc=$?
 echo "test: lab tiers in $((SECONDS - t1)) s (exit $rc); total $((SECONDS - t0)) s"
 [ "$rc" = 5 ] && { echo "test: no lab test was collected" >&2; exit 1; }
