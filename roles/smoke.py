@@ -194,7 +194,7 @@ def check(target: Target, release: str, timeout_s: float, wait: bool = True,
             return smoke.run_checks(t.url, target.served_name, api_key, transport=t.transport)
 
         first = checked() if wait and settled else None
-        if first is not None and all(c.ok for c in first if c.name == "health"):
+        if first is not None and smoke.stands(first):
             result.checks = first
         else:
             if wait:

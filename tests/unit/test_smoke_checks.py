@@ -90,3 +90,14 @@ def test_a_started_unit_counts_as_crashed_as_soon_as_its_process_exited() -> Non
     for waiting in ("auto-restart-queued", "dead-before-auto-restart", "failed-before-auto-restart"):
         assert crashed({"ActiveState": "activating", "SubState": waiting, "NRestarts": "0"})
     assert crashed({"ActiveState": "failed", "SubState": "failed", "NRestarts": "0"})
+
+
+def test_a_settled_instances_first_round_stands_only_on_a_passing_health_check() -> None:
+    """A round that stopped at the listener check sent no /health: nothing listened yet, perhaps a
+    restart under way, so the bounded wait for /health follows instead of a failed result."""
+    from vllm_fleet.controller.smoke import Check, stands
+
+    assert not stands([Check("listener", False, "nothing listens on port 8000: the key was not sent")])
+    assert not stands([Check("health", False, "ConnectError: refused"), Check("models", False, "x")])
+    assert stands([Check("health", True, "HTTP 200"), Check("models", False, "serves []")])
+    assert not stands([])

@@ -130,6 +130,13 @@ def crashed(unit: Mapping[str, str]) -> bool:
             or unit.get("NRestarts", "0") not in ("0", ""))
 
 
+def stands(first: Sequence[Check]) -> bool:
+    """Whether a settled instance's first round of checks is its result: only when its health check
+    answered 200. A round cut short before any request (nothing listening yet, so the key was not sent)
+    or a failed /health may be a restart still under way, which the bounded wait for /health is for."""
+    return any(c.name == "health" and c.ok for c in first)
+
+
 def run_checks(base_url: str, served_name: str, api_key: str | None, timeout: float = 60.0,
                transport: httpx.BaseTransport | None = None) -> list[Check]:
     """The smoke test proper; `api_key` None means the instance runs without a key (no 401 check).
