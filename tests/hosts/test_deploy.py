@@ -46,6 +46,23 @@ def test_rerun_changes_nothing_and_restarts_nothing(deployed, lab_hosts):
     assert all(r["ok"] for r in run.smoke)
 
 
+def test_a_rerun_that_meets_its_instance_restarting_waits_for_it(deployed, lab_hosts):
+    """Restarted just before a no-change run (an operator, the watchdog): the port is free until the new
+    vLLM binds it. The run did not restart the instance itself, so it checks first; a first round that
+    found nothing listening is a restart under way, waited for as after the run's own restart."""
+    h = lab_hosts[0]
+    assert deploy(limit=h).rc == 0
+    before = unit_props(h)["MainPID"]
+    on(h, "systemctl restart vllm-default.service")  # returns at exec: vLLM binds its port seconds later
+    assert ":8000 " not in on(h, "ss -Htln"), "vLLM listened at once: this test shows nothing"
+    run = deploy(limit=h)
+    assert run.rc == 0, run.output[-4000:]
+    assert run.changed_ops() == [], run.changed_ops()
+    assert "nothing listens" not in run.output
+    assert [r["ok"] for r in run.smoke] == [True]
+    assert unit_props(h)["MainPID"] != before  # the restart the run met, not one of its own
+
+
 def test_dry_diff_shows_the_config_change_hides_the_key_and_changes_nothing(deployed, lab_hosts):
     host = "lab1"  # the deploy's sudo login: the host's copy is read through sudo, as the upload writes it
     owned = ("find /var/lib/vllm-fleet -type f | sort | xargs -r sha256sum; "
