@@ -16,6 +16,7 @@ readable with `ps` by every user of the host, the `vllm` user included; and roll
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import socket
 from typing import Any
@@ -133,7 +134,8 @@ def no_delay(h: Host) -> None:
     transport = client.get_transport() if client is not None else None
     sock = getattr(transport, "sock", None)
     if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):  # a connection already gone fails at its next command
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def login_problem_of(on: Host | None = None) -> str | None:
