@@ -4,11 +4,15 @@ every route but the open ones answers 401 without the key, and the smoke test pr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from tests.hosts.conftest import api_get, deploy, on
+from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, on
 
 
 def _post(host: str, path: str, body: dict, with_key: bool) -> int:
@@ -121,3 +125,36 @@ def test_a_local_user_who_takes_the_port_during_a_restart_never_receives_the_key
         time.sleep(3)
     assert api_get(h, "/v1/models")[0] == 200
     assert "max-num-seqs: 8" in on(h, "cat /etc/vllm/default.yaml")  # the rollback's config, serving
+
+
+def test_status_while_a_local_user_holds_the_port_never_sends_the_key(deployed, lab_hosts):
+    """`vllm-fleet status` reads /metrics with the key for its live figures. With vLLM stopped and a local
+    user's process on its port, the holder check refuses, and nothing with the key follows it: neither
+    the checks nor the /metrics reads."""
+    h = lab_hosts[0]
+    key = on(h, "sed -n 's/^VLLM_API_KEY=//p' /etc/vllm/default.env").strip().strip('"')
+    assert len(key) > 8
+    on(h, "systemctl stop vllm-watchdog@default.timer vllm-default.service")
+    try:
+        on(h, "install -d -o nobody -m 700 /tmp/squat && "
+              "systemd-run --unit=squatter --uid=nobody --property=PrivateTmp=no python3 -c "
+              f"{shlex.quote(SQUATTER)} 8000 /tmp/squat/headers.log")
+        for _ in range(100):
+            if "127.0.0.1:8000 " in on(h, "ss -Htln"):
+                break
+            time.sleep(0.1)
+        status = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "status", INVENTORY,
+                                 "--limit", h], cwd=ROOT, env=os.environ, text=True, capture_output=True,
+                                timeout=600)
+        out = status.stdout + status.stderr
+        assert re.search(r"port 8000 is held by python3 \(pid \d+, squatter.service\)", out), out[-3000:]
+        seen = on(h, "cat /tmp/squat/headers.log 2>/dev/null")
+        assert key not in seen and "Bearer" not in seen, seen
+    finally:
+        on(h, "systemctl stop squatter.service 2>/dev/null; rm -rf /tmp/squat; "
+              "systemctl start vllm-default.service vllm-watchdog@default.timer")
+    for _ in range(60):
+        if api_get(h, "/v1/models")[0] == 200:
+            break
+        time.sleep(3)
+    assert api_get(h, "/v1/models")[0] == 200
