@@ -154,6 +154,11 @@ def watchdog(inst: InstancePlan, watchdogs: Mapping[str, Mapping[str, str]]) -> 
                      commands=[f"systemctl enable {timer} && systemctl restart {timer}"])
 
 
+def restarts(changed: bool, state: dict[str, str]) -> bool:
+    """Whether configure() restarts the unit: its files changed, or it was not running."""
+    return changed or state.get("ActiveState") != "active"
+
+
 def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool,
               state: dict[str, str], before_restart: Callable[[], None] = lambda: None) -> bool:
     """Write the live files; daemon-reload, enable and restart only as needed. True when it restarts.
@@ -181,7 +186,7 @@ def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool
         server.shell(name="systemd daemon-reload", commands=["systemctl daemon-reload"])
     if state.get("UnitFileState") != "enabled":
         server.shell(name=f"enable {inst.unit}", commands=[f"systemctl enable {inst.unit}"])
-    if changed or state.get("ActiveState") != "active":
+    if restarts(changed, state):
         before_restart()  # a load balancer drains the host first (roles/lb.py)
         server.shell(name=f"restart {inst.unit}" + (" (changed)" if changed else " (was not running)"),
                      commands=[restart_command(inst.unit)])

@@ -313,15 +313,15 @@ def verify_worker(plan: HostPlan, node: NodeRole, changed: Callable[[], bool], h
 
 def _verify(plan: HostPlan, changed: Callable[[], bool], wait: bool, had_state: bool,
             restarted: frozenset[str] = frozenset(), live: bool = False) -> None:
+    did_change = changed()  # at execution: a node group's restart is decided then, not in `restarted`
     results = [check(Target.of(i), plan.release, plan.ready_timeout_s, wait, live,
-                     settled=i.name not in restarted) for i in plan.instances]
+                     settled=not did_change and i.name not in restarted) for i in plan.instances]
     for inst, r in zip(plan.instances, results, strict=True):
         if r.ok and inst.name in restarted and not Target.of(inst).headless:
             r.checks.append(effective_check(inst))
             if inst.flags.get("middleware"):
                 _replace(r, guard_check(plan, inst))
     failed = [r for r in results if not r.ok]
-    did_change = changed()
     for r in results:
         r.changed = did_change
     if not failed:

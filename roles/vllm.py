@@ -204,7 +204,8 @@ def _deploy_vllm() -> None:
 
     possible = did_change or not had_state or node is not None  # else nothing to roll back or commit
     verify_op(plan, changed=this_run_changed, had_state=had_state, planned=did_change or not had_state,
-              restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True) if c),
+              restarted=frozenset(i.name for i, c in zip(plan.instances, changed, strict=True)
+                                  if service.restarts(c, vh["unit_states"].get(i.unit, {}))),
               can_roll_back=possible)
     commit_op(plan, when=lambda: this_run_changed() or not had_state or lagging, possible=possible or lagging)
     # only after the smoke test passed: a host whose change fails stays drained until a deploy passes
