@@ -3,6 +3,7 @@ every route but the open ones answers 401 without the key, and the smoke test pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.hosts.conftest import INVENTORY, ROOT, api_get, deploy, on
@@ -97,23 +99,18 @@ server.serve_forever()
 """
 
 
-def test_a_local_user_who_takes_the_port_during_a_restart_never_receives_the_key(deployed, lab_hosts):
-    """A restart leaves the instance's port free until the new vLLM binds it; a local user's process
-    waiting for that moment takes it. The smoke test after the restart (and the rollback's) reads who
-    holds the port (ss, the holder's cgroup) before any request with the key, so the key never leaves."""
-    h = lab_hosts[0]
+@contextlib.contextmanager
+def squatting(h: str, stop_vllm: bool = False) -> Iterator[str]:
+    """A local user's process (nobody) waiting to take port 8000, logging every request's headers;
+    yields the instance's key. Afterwards the squatter is gone and the instance serves again."""
     key = on(h, "sed -n 's/^VLLM_API_KEY=//p' /etc/vllm/default.env").strip().strip('"')
     assert len(key) > 8
-    on(h, "systemctl stop vllm-watchdog@default.timer")
+    on(h, "systemctl stop vllm-watchdog@default.timer" + (" vllm-default.service" if stop_vllm else ""))
     try:
         on(h, "install -d -o nobody -m 700 /tmp/squat && "
               "systemd-run --unit=squatter --uid=nobody --property=PrivateTmp=no python3 -c "
               f"{shlex.quote(SQUATTER)} 8000 /tmp/squat/headers.log")
-        run = deploy(overrides={h: {"flags": {"max_num_seqs": 4}}}, limit=h)  # a change: a restart
-        assert run.rc != 0, run.output[-3000:]
-        assert re.search(r"port 8000 is held by python3 \(pid \d+, squatter.service\) on 127.0.0.1, not "
-                         r"vllm-default.service: the key was not sent", run.output), run.output[-3000:]
-        assert "ActiveState=active" in on(h, "systemctl show squatter.service -p ActiveState")
+        yield key
         seen = on(h, "cat /tmp/squat/headers.log 2>/dev/null")
         assert key not in seen and "Bearer" not in seen, seen
     finally:
@@ -124,6 +121,19 @@ def test_a_local_user_who_takes_the_port_during_a_restart_never_receives_the_key
             break
         time.sleep(3)
     assert api_get(h, "/v1/models")[0] == 200
+
+
+def test_a_local_user_who_takes_the_port_during_a_restart_never_receives_the_key(deployed, lab_hosts):
+    """A restart leaves the instance's port free until the new vLLM binds it; a local user's process
+    waiting for that moment takes it. The smoke test after the restart (and the rollback's) reads who
+    holds the port (ss, the holder's cgroup) before any request with the key, so the key never leaves."""
+    h = lab_hosts[0]
+    with squatting(h):
+        run = deploy(overrides={h: {"flags": {"max_num_seqs": 4}}}, limit=h)  # a change: a restart
+        assert run.rc != 0, run.output[-3000:]
+        assert re.search(r"port 8000 is held by python3 \(pid \d+, squatter.service\) on 127.0.0.1, not "
+                         r"vllm-default.service: the key was not sent", run.output), run.output[-3000:]
+        assert "ActiveState=active" in on(h, "systemctl show squatter.service -p ActiveState")
     assert "max-num-seqs: 8" in on(h, "cat /etc/vllm/default.yaml")  # the rollback's config, serving
 
 
@@ -133,13 +143,7 @@ def test_status_while_a_local_user_holds_the_port_never_sends_the_key(deployed, 
     the squatter receives no key. A port taken after that read is the smoke test's holder check's to
     refuse; that race is staged in tests/unit/test_smoke_role_key.py."""
     h = lab_hosts[0]
-    key = on(h, "sed -n 's/^VLLM_API_KEY=//p' /etc/vllm/default.env").strip().strip('"')
-    assert len(key) > 8
-    on(h, "systemctl stop vllm-watchdog@default.timer vllm-default.service")
-    try:
-        on(h, "install -d -o nobody -m 700 /tmp/squat && "
-              "systemd-run --unit=squatter --uid=nobody --property=PrivateTmp=no python3 -c "
-              f"{shlex.quote(SQUATTER)} 8000 /tmp/squat/headers.log")
+    with squatting(h, stop_vllm=True):
         for _ in range(100):
             if "127.0.0.1:8000 " in on(h, "ss -Htln"):
                 break
@@ -150,13 +154,3 @@ def test_status_while_a_local_user_holds_the_port_never_sends_the_key(deployed, 
         out = status.stdout + status.stderr
         assert re.search(r"8000 on 127.0.0.1 is already listened on by python3 \(pid \d+, squatter.service\)",
                          out), out[-3000:]
-        seen = on(h, "cat /tmp/squat/headers.log 2>/dev/null")
-        assert key not in seen and "Bearer" not in seen, seen
-    finally:
-        on(h, "systemctl stop squatter.service 2>/dev/null; rm -rf /tmp/squat; "
-              "systemctl start vllm-default.service vllm-watchdog@default.timer")
-    for _ in range(60):
-        if api_get(h, "/v1/models")[0] == 200:
-            break
-        time.sleep(3)
-    assert api_get(h, "/v1/models")[0] == 200
