@@ -97,6 +97,7 @@ def _timed(fn: Callable[[], Check]) -> Check:
 
 
 _WILDCARD = ("*", "0.0.0.0", "::")
+HOLDER_CHECK = "listener"  # the check that decides whether the key may be sent at all
 
 
 def holder_check(listeners: list[ListenerFacts] | None, address: str, port: int, unit: str) -> Check | None:
@@ -106,17 +107,17 @@ def holder_check(listeners: list[ListenerFacts] | None, address: str, port: int,
     the smoke test's key; so any other holder, or a host that cannot tell, fails the check and the key is
     never sent. A listener on the same port at another specific address cannot take the connection."""
     if listeners is None:
-        return Check("listener", False, f"cannot tell who holds port {port} (ss printed nothing): "
+        return Check(HOLDER_CHECK, False, f"cannot tell who holds port {port} (ss printed nothing): "
                                         "the key was not sent")
     on_port = [entry for entry in listeners if entry.get("port") == port
                and str(entry.get("address")).removeprefix("::ffff:") in (address, *_WILDCARD)]
     if not on_port:
-        return Check("listener", False, f"nothing listens on port {port}: the key was not sent")
+        return Check(HOLDER_CHECK, False, f"nothing listens on port {port}: the key was not sent")
     others = [entry for entry in on_port if entry.get("unit") != unit]
     if others:
         who = ", ".join(f"{e.get('process') or '?'} (pid {e.get('pid') or '?'}, {e.get('unit') or 'no unit'})"
                         f" on {e.get('address')}" for e in others)
-        return Check("listener", False, f"port {port} is held by {who}, not {unit}: the key was not sent")
+        return Check(HOLDER_CHECK, False, f"port {port} is held by {who}, not {unit}: the key was not sent")
     return None
 
 
@@ -128,6 +129,12 @@ def crashed(unit: Mapping[str, str]) -> bool:
     auto-restart-queued too."""
     return (unit.get("ActiveState") == "failed" or "auto-restart" in unit.get("SubState", "")
             or unit.get("NRestarts", "0") not in ("0", ""))
+
+
+def withheld(checks: Sequence[Check]) -> bool:
+    """The holder check refused: nothing with the key goes to this port in this check, however it goes
+    on (the live /metrics reads of `vllm-fleet status` included)."""
+    return any(c.name == HOLDER_CHECK for c in checks)
 
 
 def stands(first: Sequence[Check]) -> bool:
