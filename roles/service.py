@@ -161,7 +161,9 @@ def restarts(changed: bool, state: dict[str, str]) -> bool:
 
 def configure(plan: HostPlan, inst: InstancePlan, release_or_model_changed: bool,
               state: dict[str, str], before_restart: Callable[[], None] = lambda: None) -> bool:
-    """Write the live files; daemon-reload, enable and restart only as needed. True when it restarts.
+    """Write the live files; daemon-reload, enable and restart only as needed. True when the instance
+    changed (files, release or model): what the run commits and can roll back. A unit that was not
+    running is restarted too without counting as a change (`restarts`).
 
     Every decision is made here, at collection time, from two facts (a manifest of the files and the
     unit's `state`, from the host fact the caller read: pyinfra 3 does not cache facts, so a second
