@@ -1,6 +1,9 @@
 """Stage hosts: Debian 13 (trixie, Python 3.13) lab hosts whose nvidia-smi replays a captured H100
 (tests/hosts/test_cuda_stage_lab.py puts it there), staging PyPI's CUDA 13 build of vLLM 0.33.0 from the
-lab's PyPI mirror. lab5 installs from the controller's store, lab6 from the mirror itself."""
+lab's PyPI mirror. lab5 installs from the controller's store, lab6 from the mirror itself.
+VLLM_FLEET_STAGE_VERSION stages another release of the table's CUDA 13 builds (the release matrix)."""
+
+import os
 
 import fleetlab as lab
 from fleetlab import pypimirror
@@ -11,7 +14,7 @@ INSTALL_SOURCE = {"lab5": "cache", "lab6": "registry"}
 
 def stage_vllm(name: str) -> dict:
     return {
-        "version": "0.33.0",
+        "version": os.environ.get("VLLM_FLEET_STAGE_VERSION", "0.33.0"),
         "accelerator": "cuda",
         "install_source": INSTALL_SOURCE.get(name, "cache"),
         "package_index": {"index_url": pypimirror.index_url()},

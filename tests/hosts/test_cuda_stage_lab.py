@@ -1,6 +1,7 @@
 """The CUDA build installed for real: PyPI's CUDA 13.0 vLLM 0.33.0 staged from one lock on Debian 13 lab
-hosts, from the controller's store and from a real caching PyPI mirror; then stage-before-deploy on a
-serving CPU host.
+hosts, from the controller's store and from a real caching PyPI mirror, then 0.32.0 and 0.31.0 beside it
+from the mirror, each release's parser taking the settings matrix; then stage-before-deploy on a serving
+CPU host.
 
 The GPU is SIMULATED: lab5 and lab6 are Debian 13 (trixie, Python 3.13) hosts whose nvidia-smi replays a
 real capture (tests/fixtures/nvidia/query_csv/ue-nvidia-h100-80gb-hbm3-590.48.01-idle.txt: 1x H100 80GB
@@ -32,7 +33,7 @@ from fleetlab import gpusim, pypimirror
 from tests.hosts import test_validated_releases as release_matrix
 from tests.hosts.conftest import ROOT, deploy, on, unit_props
 from vllm_fleet.core.flags import ServeFlags, render_flags
-from vllm_fleet.core.layout import HOST_TOOLS, STAGED
+from vllm_fleet.core.layout import HOST_TOOLS, STAGED, UV_PATH
 from vllm_fleet.core.lock import Lock, broken_pairs
 
 INVENTORY = str(Path(__file__).with_name("inventory_stage.py"))
@@ -209,6 +210,52 @@ def test_the_release_matrix_on_the_staged_0_33(lab6):
     """tests/hosts/test_validated_releases.py's settings, rendered for 0.33.0 (inverse aliases included),
     each taken by the staged release's parser exactly as the plan says."""
     print("\n".join(release_matrix.check(lab6, f"{RELEASE}/bin/python", "0.33.0", "cuda", "cuda")))
+
+
+@pytest.mark.parametrize("release_dir", ["0.32.0-cu130", "0.31.0-cu130"])
+def test_each_other_cuda_13_release_stages_from_the_mirror_and_takes_the_matrix(lab6, release_dir):
+    """The table's other CUDA 13 builds on the same host, from the mirror: each resolves its own lock
+    (torch 2.13.0, not 0.33.0's 2.14.0), installs beside 0.33.0 (uv links the wheels they share),
+    imports as a CUDA 13.0 build, and its parser takes the matrix as the plan says."""
+    version = release_dir.removesuffix("-cu130")
+    staged = subprocess.run([CLI, "stage", INVENTORY, "--limit", "lab6"], cwd=ROOT, text=True,
+                            capture_output=True, timeout=1800,
+                            env={**os.environ, "VLLM_FLEET_STAGE_VERSION": version})
+    out = staged.stdout + staged.stderr
+    assert staged.returncode == 0, out[-5000:]
+    assert re.search(rf"lock [0-9a-f]{{16}} for {release_dir} \(cp313-x86_64-manylinux_2_40-cu130\)", out), \
+        out[-3000:]
+    assert "accepted (parser; no GPU is visible on this host" in out and "Traceback" not in out
+    release = f"/opt/vllm/releases/{release_dir}"
+    assert on("lab6", f"cat {STAGED}/default.validated").startswith(f"{release_dir} ")
+    check = lab.ssh(lab6, f"VLLM_TARGET_DEVICE=cpu {release}/bin/python -c {shlex.quote(CHECK)} 2>&1 "
+                          "| tail -n1", timeout=600).stdout.strip()
+    assert check.startswith(f"cuda 13.0 vllm {version} quant Fp8Config AutoAWQConfig cuda-python 13."), check
+    lock = Lock.parse(on("lab6", f"cat {release}/.lock"))
+    assert broken_pairs(lock) == [] and lock.pin("torch").version == "2.13.0"
+    print("\n".join(release_matrix.check(lab6, f"{release}/bin/python", version, "cuda", "cuda")))
+
+
+def test_0_34_0s_parser_takes_the_matrix_over_0_33_0s_dependencies(lab6, mirror):
+    """0.34.0 is not staged: PyPI cannot install it (it pins flashinfer-python==0.7.3, which PyPI lacks;
+    the table says so, and a deploy of it stops at the plan). Its parser is what decides whether the plan's
+    flags are what it runs with, so its wheel alone goes over a linked copy of 0.33.0-cu130 and takes the
+    matrix: off as 0.34.0 spells it, and its inverse aliases. The copy is removed; 0.33.0 is untouched."""
+    parser = "/root/vllm-0.34.0-parser"
+    uv = (f"rm -rf {parser} && cp -al {RELEASE} {parser} && {UV_PATH} pip install --quiet --no-deps "
+          f"--python {parser}/bin/python --index-url {mirror} vllm==0.34.0 2>&1; echo rc=$?")
+    out = lab.ssh(lab6, uv, timeout=900).stdout
+    assert out.strip().endswith("rc=0"), out[-3000:]
+    try:
+        version = lab.ssh(lab6, f"{parser}/bin/python -c 'import importlib.metadata as m; "
+                                "print(m.version(\"vllm\"))'").stdout.strip()
+        assert version == "0.34.0", version
+        print("\n".join(release_matrix.check(lab6, f"{parser}/bin/python", "0.34.0", "cuda", "cuda")))
+    finally:
+        lab.ssh(lab6, f"rm -rf {parser}")
+    assert on("lab6", f"{RELEASE}/bin/python -c 'import importlib.metadata as m; "
+                      "print(m.version(\"vllm\"))'").strip() == "0.33.0"
+
 
 def test_a_deploy_after_stage_switches_and_restarts_without_building_or_validating_again(deployed):
     """On a serving CPU host: stage a changed flag (the old process keeps serving), then deploy it."""

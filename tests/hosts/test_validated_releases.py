@@ -4,7 +4,7 @@ toolkit for each release the lab has installed and checked by that release's own
 (vllm_fleet/host/validate_serve.py). An accepted config is one whose parsed namespace equals the plan,
 setting by setting: the check refuses any difference. The model path is absent on purpose, so the
 parser, not the engine, answers. tests/hosts/test_cuda_stage_lab.py runs the same matrix on the staged
-CUDA build of 0.33.0.
+CUDA 13 builds of 0.31.0-0.33.0, and on 0.34.0's parser (its wheel over 0.33.0's dependencies).
 """
 
 from __future__ import annotations
