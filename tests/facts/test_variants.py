@@ -508,8 +508,8 @@ def test_the_plan_table_says_whether_the_build_it_picks_is_proven() -> None:
     from vllm_fleet.core.report import PlanRow, table
 
     builds = load_table()
-    rows = [PlanRow("gpu-1", "cuda", variant="cu130", proof=builds["0.32.0"]["cu130"].proof_line()),
+    rows = [PlanRow("gpu-1", "cuda", variant="cu129", proof=builds["0.32.0"]["cu129"].proof_line()),
             PlanRow("cpu-1", "cpu", variant="cpu", proof=builds["0.32.0"]["cpu"].proof_line())]
     text = table(rows)
-    assert "gpu-1: not proven on vllm-fleet's lab: not staged on the lab" in text
+    assert "gpu-1: not proven on vllm-fleet's lab: its index (wheels.vllm.ai) is not reachable" in text
     assert "cpu-1: proven on vllm-fleet's lab: serves on the lab" in text
