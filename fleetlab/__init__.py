@@ -207,16 +207,26 @@ def _answers(host: LabHost) -> bool:
         return False
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs. A process this one started (nspawn booted by a test's fixture) stays a
+    zombie until reaped, and a zombie answers kill(pid, 0): reaping it here is what lets a stop or a halt
+    see it gone, instead of waiting out its timeout and taking a halted host for a half-alive one."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _nspawn_pid(host: LabHost) -> int | None:
     pidfile = host.dir / "nspawn.pid"
     if not pidfile.exists():
         return None
     pid = int(pidfile.read_text())
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
+    return pid if _alive(pid) else None
 
 
 def _prepare_root(host: LabHost, base: Path, pubkey: str) -> None:
@@ -442,9 +452,7 @@ def terminate(pid: int, group: bool = False) -> None:
     """SIGTERM, up to 10 s for it to end, then SIGKILL (to its whole process group with `group`)."""
     os.kill(pid, 15)
     for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             return
         time.sleep(0.1)
     if group:
