@@ -236,11 +236,22 @@ def test_each_other_cuda_13_release_stages_from_the_mirror_and_takes_the_matrix(
     print("\n".join(release_matrix.check(lab6, f"{release}/bin/python", version, "cuda", "cuda")))
 
 
-def test_0_34_0s_parser_takes_the_matrix_over_0_33_0s_dependencies(lab6, mirror):
-    """0.34.0 is not staged: PyPI cannot install it (it pins flashinfer-python==0.7.3, which PyPI lacks;
-    the table says so, and a deploy of it stops at the plan). Its parser is what decides whether the plan's
-    flags are what it runs with, so its wheel alone goes over a linked copy of 0.33.0-cu130 and takes the
-    matrix: off as 0.34.0 spells it, and its inverse aliases. The copy is removed; 0.33.0 is untouched."""
+def test_0_34_0_is_refused_at_its_pin_and_its_parser_takes_the_matrix_over_0_33_0s_dependencies(lab6, mirror):
+    """PyPI cannot install 0.34.0 (it pins flashinfer-python==0.7.3, which PyPI lacks): a stage of it is
+    refused naming that pin before the host is touched. Its parser is what decides whether the plan's flags
+    are what it runs with, so its wheel alone goes over a linked copy of 0.33.0-cu130 and takes the matrix:
+    off as 0.34.0 spells it, and its inverse aliases. The copy is removed; 0.33.0 is untouched."""
+    state = f"ls -A /opt/vllm/releases; cat {STAGED}/default.validated"
+    before = on("lab6", state)
+    refused = subprocess.run([CLI, "stage", INVENTORY, "--limit", "lab6"], cwd=ROOT, text=True,
+                             capture_output=True, timeout=900,
+                             env={**os.environ, "VLLM_FLEET_STAGE_VERSION": "0.34.0"})
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "refused, nothing was changed" in out, out[-3000:]
+    assert "lab6: 0.34.0-cu130: resolving vllm==0.34.0" in out, out[-3000:]
+    assert "flashinfer-python==0.7.3" in out, out[-3000:]
+    assert on("lab6", state) == before
+
     parser = "/root/vllm-0.34.0-parser"
     uv = (f"rm -rf {parser} && cp -al {RELEASE} {parser} && {UV_PATH} pip install --quiet --no-deps "
           f"--python {parser}/bin/python --index-url {mirror} vllm==0.34.0 2>&1; echo rc=$?")
