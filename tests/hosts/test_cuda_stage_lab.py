@@ -233,6 +233,7 @@ def test_each_other_cuda_13_release_stages_from_the_mirror_and_takes_the_matrix(
     assert check.startswith(f"cuda 13.0 vllm {version} quant Fp8Config AutoAWQConfig cuda-python 13."), check
     lock = Lock.parse(on("lab6", f"cat {release}/.lock"))
     assert broken_pairs(lock) == [] and lock.pin("torch").version == "2.13.0"
+    assert {"0.33.0-cu130", release_dir} <= set(on("lab6", "ls /opt/vllm/releases").split())
     print("\n".join(release_matrix.check(lab6, f"{release}/bin/python", version, "cuda", "cuda")))
 
 
@@ -241,7 +242,8 @@ def test_0_34_0_is_refused_at_its_pin_and_its_parser_takes_the_matrix_over_0_33_
     refused naming that pin before the host is touched. Its parser is what decides whether the plan's flags
     are what it runs with, so its wheel alone goes over a linked copy of 0.33.0-cu130 and takes the matrix:
     off as 0.34.0 spells it, and its inverse aliases. The copy is removed; 0.33.0 is untouched."""
-    state = f"ls -A /opt/vllm/releases; cat {STAGED}/default.validated"
+    state = (f"ls -A /opt/vllm/releases {STAGED} /var/cache/vllm-fleet; cat {STAGED}/default.validated; "
+             f"sha256sum < {STAGED}/default.yaml")
     before = on("lab6", state)
     refused = subprocess.run([CLI, "stage", INVENTORY, "--limit", "lab6"], cwd=ROOT, text=True,
                              capture_output=True, timeout=900,
@@ -252,9 +254,15 @@ def test_0_34_0_is_refused_at_its_pin_and_its_parser_takes_the_matrix_over_0_33_
     assert "flashinfer-python==0.7.3" in out, out[-3000:]
     assert on("lab6", state) == before
 
+    # every file of 0.33.0 by inode, size and time, and its lock: the copy shares the inodes
+    release_files = (f"find {RELEASE} -printf '%i %s %T@ %p\\n' | sort | sha256sum; "
+                     f"sha256sum < {RELEASE}/.lock")
+    untouched = on("lab6", release_files)
     parser = "/root/vllm-0.34.0-parser"
-    uv = (f"rm -rf {parser} && cp -al {RELEASE} {parser} && {UV_PATH} pip install --quiet --no-deps "
-          f"--python {parser}/bin/python --index-url {mirror} vllm==0.34.0 2>&1; echo rc=$?")
+    # UV_HTTP_TIMEOUT as the build sets it: proxpi answers a file it has not cached once it holds it all
+    uv = (f"rm -rf {parser} && cp -al {RELEASE} {parser} && UV_HTTP_TIMEOUT=600 {UV_PATH} pip install "
+          f"--quiet --no-deps --python {parser}/bin/python --index-url {mirror} vllm==0.34.0 2>&1; "
+          "echo rc=$?")
     out = lab.ssh(lab6, uv, timeout=900).stdout
     assert out.strip().endswith("rc=0"), out[-3000:]
     try:
@@ -264,6 +272,7 @@ def test_0_34_0_is_refused_at_its_pin_and_its_parser_takes_the_matrix_over_0_33_
         print("\n".join(release_matrix.check(lab6, f"{parser}/bin/python", "0.34.0", "cuda", "cuda")))
     finally:
         lab.ssh(lab6, f"rm -rf {parser}")
+    assert on("lab6", release_files) == untouched
     assert on("lab6", f"{RELEASE}/bin/python -c 'import importlib.metadata as m; "
                       "print(m.version(\"vllm\"))'").strip() == "0.33.0"
 
