@@ -64,13 +64,15 @@ def _stage_host(index: int) -> lab.LabHost:
     return host
 
 
-def _cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([CLI, *args], cwd=ROOT, env=dict(os.environ), text=True, capture_output=True,
-                          timeout=timeout)
+def _cli(*args: str, timeout: int = 1800, version: str | None = None) -> subprocess.CompletedProcess:
+    """`version` stages another release of the table than the inventory's 0.33.0."""
+    env = {**os.environ, **({"VLLM_FLEET_STAGE_VERSION": version} if version else {})}
+    return subprocess.run([CLI, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout)
 
 
-def _host_check(host: str) -> str:
-    out = on(host, f"VLLM_TARGET_DEVICE=cpu {RELEASE}/bin/python -c {shlex.quote(CHECK)} 2>&1 | tail -n1")
+def _host_check(host: str, release: str = RELEASE) -> str:
+    out = lab.ssh(lab.LabHost(int(host.removeprefix("lab"))), f"VLLM_TARGET_DEVICE=cpu {release}/bin/python "
+                  f"-c {shlex.quote(CHECK)} 2>&1 | tail -n1", timeout=600).stdout
     return out.strip()
 
 
@@ -218,9 +220,7 @@ def test_each_other_cuda_13_release_stages_from_the_mirror_and_takes_the_matrix(
     (torch 2.13.0, not 0.33.0's 2.14.0), installs beside 0.33.0 (uv links the wheels they share),
     imports as a CUDA 13.0 build, and its parser takes the matrix as the plan says."""
     version = release_dir.removesuffix("-cu130")
-    staged = subprocess.run([CLI, "stage", INVENTORY, "--limit", "lab6"], cwd=ROOT, text=True,
-                            capture_output=True, timeout=1800,
-                            env={**os.environ, "VLLM_FLEET_STAGE_VERSION": version})
+    staged = _cli("stage", INVENTORY, "--limit", "lab6", version=version)
     out = staged.stdout + staged.stderr
     assert staged.returncode == 0, out[-5000:]
     assert re.search(rf"lock [0-9a-f]{{16}} for {release_dir} \(cp313-x86_64-manylinux_2_40-cu130\)", out), \
@@ -228,8 +228,7 @@ def test_each_other_cuda_13_release_stages_from_the_mirror_and_takes_the_matrix(
     assert "accepted (parser; no GPU is visible on this host" in out and "Traceback" not in out
     release = f"/opt/vllm/releases/{release_dir}"
     assert on("lab6", f"cat {STAGED}/default.validated").startswith(f"{release_dir} ")
-    check = lab.ssh(lab6, f"VLLM_TARGET_DEVICE=cpu {release}/bin/python -c {shlex.quote(CHECK)} 2>&1 "
-                          "| tail -n1", timeout=600).stdout.strip()
+    check = _host_check("lab6", release)
     assert check.startswith(f"cuda 13.0 vllm {version} quant Fp8Config AutoAWQConfig cuda-python 13."), check
     lock = Lock.parse(on("lab6", f"cat {release}/.lock"))
     assert broken_pairs(lock) == [] and lock.pin("torch").version == "2.13.0"
@@ -245,9 +244,7 @@ def test_0_34_0_is_refused_at_its_pin_and_its_parser_takes_the_matrix_over_0_33_
     state = (f"ls -A /opt/vllm/releases {STAGED} /var/cache/vllm-fleet; cat {STAGED}/default.validated; "
              f"sha256sum < {STAGED}/default.yaml")
     before = on("lab6", state)
-    refused = subprocess.run([CLI, "stage", INVENTORY, "--limit", "lab6"], cwd=ROOT, text=True,
-                             capture_output=True, timeout=900,
-                             env={**os.environ, "VLLM_FLEET_STAGE_VERSION": "0.34.0"})
+    refused = _cli("stage", INVENTORY, "--limit", "lab6", timeout=900, version="0.34.0")
     out = refused.stdout + refused.stderr
     assert refused.returncode != 0 and "refused, nothing was changed" in out, out[-3000:]
     assert "lab6: 0.34.0-cu130: resolving vllm==0.34.0" in out, out[-3000:]
@@ -259,22 +256,22 @@ def test_0_34_0_is_refused_at_its_pin_and_its_parser_takes_the_matrix_over_0_33_
                      f"sha256sum < {RELEASE}/.lock")
     untouched = on("lab6", release_files)
     parser = "/root/vllm-0.34.0-parser"
-    # UV_HTTP_TIMEOUT as the build sets it: proxpi answers a file it has not cached once it holds it all
+    # UV_HTTP_TIMEOUT as roles/install.py sets it: proxpi answers an uncached file once it holds it all
     uv = (f"rm -rf {parser} && cp -al {RELEASE} {parser} && UV_HTTP_TIMEOUT=600 {UV_PATH} pip install "
           f"--quiet --no-deps --python {parser}/bin/python --index-url {mirror} vllm==0.34.0 2>&1; "
           "echo rc=$?")
     out = lab.ssh(lab6, uv, timeout=900).stdout
     assert out.strip().endswith("rc=0"), out[-3000:]
+    def vllm_version(python: str) -> str:
+        return on("lab6", f"{python} -c 'import importlib.metadata as m; print(m.version(\"vllm\"))'").strip()
+
     try:
-        version = lab.ssh(lab6, f"{parser}/bin/python -c 'import importlib.metadata as m; "
-                                "print(m.version(\"vllm\"))'").stdout.strip()
-        assert version == "0.34.0", version
+        assert vllm_version(f"{parser}/bin/python") == "0.34.0"
         print("\n".join(release_matrix.check(lab6, f"{parser}/bin/python", "0.34.0", "cuda", "cuda")))
     finally:
         lab.ssh(lab6, f"rm -rf {parser}")
     assert on("lab6", release_files) == untouched
-    assert on("lab6", f"{RELEASE}/bin/python -c 'import importlib.metadata as m; "
-                      "print(m.version(\"vllm\"))'").strip() == "0.33.0"
+    assert vllm_version(f"{RELEASE}/bin/python") == "0.33.0"
 
 
 def test_a_deploy_after_stage_switches_and_restarts_without_building_or_validating_again(deployed):
